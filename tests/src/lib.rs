@@ -1,0 +1,1 @@
+//! Whole-system test support: mock upstreams and harness helpers.
