@@ -1,1 +1,6 @@
-//! Whole-system test support: mock upstreams and harness helpers.
+//! Whole-system test support: the mock inference engine (vLLM's JSON and SSE shapes), an
+//! in-process sidecar harness, and the load harness behind `clawback-bench`.
+
+pub mod engine_json;
+pub mod harness;
+pub mod mock;

@@ -1,0 +1,236 @@
+//! The sidecar's request path, assembled.
+//!
+//! A request meets, outer to inner:
+//! 1. **request id** ([`crate::layers::request_id`]) — the client's `X-Request-Id` or a fresh one,
+//!    echoed on the response;
+//! 2. **observe** ([`crate::layers::observe`]) — decides the [`Route`] once, opens the request's span,
+//!    and records metrics when the response body is done;
+//! 3. **load shed** ([`crate::layers::load_shed`]) — API calls beyond `max_concurrent_requests` get 503
+//!    with `Retry-After` at once;
+//! 4. **handle** ([`Handler`]) — health, readiness and metrics are answered here; an API call
+//!    has its body read within the size and time limits, then is forwarded to a balanced
+//!    upstream ([`Forwarder`]) and its response relayed back frame by frame.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio_util::task::TaskTracker;
+use tower::{Layer, Service};
+
+use crate::body::{BoxError, ProxyBody};
+use crate::config::Config;
+use crate::error::ProxyError;
+use crate::forward::Forwarder;
+use crate::layers::load_shed::{LoadShed, LoadShedLayer};
+use crate::layers::observe::{Observe, ObserveLayer};
+use crate::layers::request_id::{RequestIdLayer, RequestIdService};
+use crate::layers::ResponseFuture;
+use crate::metrics::{Metrics, UpstreamLabels};
+use crate::route::Route;
+use crate::upstream::{Pool, UpstreamUrlError};
+
+/// What every request shares.
+pub struct App {
+    pub config: Config,
+    pub pool: Arc<Pool>,
+    pub forwarder: Arc<Forwarder>,
+    pub metrics: Arc<Metrics>,
+    /// Forwarding and relay tasks; shutdown waits for them.
+    pub tasks: TaskTracker,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("invalid upstream: {0}")]
+    Upstream(#[from] UpstreamUrlError),
+    #[error(transparent)]
+    ApiKey(#[from] crate::forward::InvalidApiKey),
+}
+
+impl App {
+    pub fn new(config: Config) -> Result<Arc<Self>, AppError> {
+        let metrics = Arc::new(Metrics::new());
+        let pool = Arc::new(Pool::new(
+            &config.upstreams,
+            config.balancer,
+            config.health.clone(),
+        )?);
+        let tasks = TaskTracker::new();
+        let forwarder = Arc::new(Forwarder::new(
+            Arc::clone(&pool),
+            config.upstream_api_key.as_deref(),
+            config.timeouts.clone(),
+            Arc::clone(&metrics),
+            tasks.clone(),
+        )?);
+        Ok(Arc::new(Self {
+            config,
+            pool,
+            forwarder,
+            metrics,
+            tasks,
+        }))
+    }
+}
+
+pub type Stack = RequestIdService<Observe<LoadShed<Handler>>>;
+
+/// The whole stack over one [`App`], in the order the module doc gives.
+pub fn build(app: Arc<App>) -> Stack {
+    let limits = &app.config.limits;
+    let load_shed = LoadShedLayer::new(limits.max_concurrent_requests, limits.retry_after_secs);
+    let observe = ObserveLayer::new(Arc::clone(&app.metrics));
+    RequestIdLayer.layer(observe.layer(load_shed.layer(Handler { app })))
+}
+
+/// The innermost service: answers local endpoints, forwards API calls.
+#[derive(Clone)]
+pub struct Handler {
+    app: Arc<App>,
+}
+
+impl<B> Service<Request<B>> for Handler
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> ResponseFuture {
+        let app = Arc::clone(&self.app);
+        let route = request
+            .extensions()
+            .get::<Route>()
+            .cloned()
+            .unwrap_or_else(|| {
+                Route::classify(
+                    request.method(),
+                    request.uri().path(),
+                    request.uri().query(),
+                )
+            });
+        Box::pin(async move {
+            let response = match route {
+                Route::Healthz => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
+                Route::Readyz => readiness(&app),
+                Route::Metrics => metrics(&app),
+                Route::NotFound => ProxyError::NotFound {
+                    method: request.method().to_string(),
+                    path: request.uri().path().to_owned(),
+                }
+                .into_response(),
+                Route::Api { upstream_path, .. } => forward(app, request, upstream_path)
+                    .await
+                    .unwrap_or_else(ProxyError::into_response),
+            };
+            Ok(response)
+        })
+    }
+}
+
+async fn forward<B>(
+    app: Arc<App>,
+    request: Request<B>,
+    upstream_path: String,
+) -> Result<Response<ProxyBody>, ProxyError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let body = read_body(&app.config, &parts.headers, body).await?;
+    // Forwarding runs in its own task so that a client leaving before the response head (a
+    // non-streaming call is all "before the head") does not cancel the upstream call.
+    let forwarder = Arc::clone(&app.forwarder);
+    let call = app
+        .tasks
+        .spawn(async move { forwarder.forward(&parts, body, &upstream_path).await });
+    match call.await {
+        Ok(result) => result,
+        Err(join) => Err(ProxyError::Internal(format!(
+            "forwarding task failed: {join}"
+        ))),
+    }
+}
+
+async fn read_body<B>(
+    config: &Config,
+    headers: &http::HeaderMap,
+    body: B,
+) -> Result<Bytes, ProxyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let limit = config.limits.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let timeout = config.timeouts.body_read;
+    match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+        Err(_) => Err(ProxyError::BodyTimeout(timeout)),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
+        Ok(Err(e)) => Err(ProxyError::BodyRead(e)),
+    }
+}
+
+fn readiness(app: &App) -> Response<ProxyBody> {
+    let healthy = app.pool.healthy_count();
+    let total = app.pool.all().len();
+    let status = if healthy > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "status": if healthy > 0 { "ready" } else { "no_healthy_upstream" },
+        "healthy_upstreams": healthy,
+        "upstreams": total,
+    });
+    json(status, body.to_string())
+}
+
+fn metrics(app: &App) -> Response<ProxyBody> {
+    for upstream in app.pool.all() {
+        app.metrics
+            .upstream_healthy
+            .get_or_create(&UpstreamLabels {
+                upstream: upstream.name.to_string(),
+            })
+            .set(i64::from(app.pool.is_healthy(upstream)));
+    }
+    let mut response = Response::new(ProxyBody::full(app.metrics.render()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+fn json(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}

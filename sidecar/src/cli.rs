@@ -1,0 +1,132 @@
+//! The `clawback-sidecar` command line. Every flag can also be given as a `CLAWBACK_*` variable
+//! or in the TOML file; `--set key=value` reaches any other field.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::app::App;
+use crate::config::{Config, Overrides, UpstreamKind};
+use crate::{server, telemetry};
+
+#[derive(Debug, Parser)]
+#[command(name = "clawback-sidecar", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the OpenAI API and forward it to the upstream(s).
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// TOML configuration file (see deploy/clawback.example.toml).
+    #[arg(long, env = "CLAWBACK_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:8100 (port 0 picks a free port).
+    #[arg(long, env = "CLAWBACK_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Upstream base URL; repeat (or comma-separate) for several.
+    #[arg(long = "upstream", env = "CLAWBACK_UPSTREAM", value_delimiter = ',')]
+    upstreams: Vec<String>,
+    /// What the upstream is.
+    #[arg(long, env = "CLAWBACK_UPSTREAM_KIND", value_enum)]
+    upstream_kind: Option<UpstreamKind>,
+    /// Any other config field, as `section.key=value` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+/// Parses the command line and runs it; the binary's whole `main`.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let overrides = Overrides {
+        listen: args.listen,
+        upstreams: (!args.upstreams.is_empty()).then_some(args.upstreams),
+        upstream_kind: args.upstream_kind,
+        set: args.set,
+    };
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => return fail(&e),
+    };
+    if let Err(e) = telemetry::init(&config.log) {
+        return fail(&e);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&e),
+    };
+    runtime.block_on(async move {
+        let listener = match server::bind(config.listen).await {
+            Ok(listener) => listener,
+            Err(e) => return fail(&e),
+        };
+        let app = match App::new(config) {
+            Ok(app) => app,
+            Err(e) => return fail(&e),
+        };
+        match listener.local_addr() {
+            // A fixed, plain line on stdout: scripts and tests wait for it.
+            Ok(addr) => println!("clawback-sidecar listening on http://{addr}"),
+            Err(e) => return fail(&e),
+        }
+        tracing::info!(
+            upstreams = ?app.config.upstreams,
+            kind = ?app.config.upstream_kind,
+            "serving"
+        );
+        server::serve(listener, app, shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}
+
+fn fail(error: &dyn std::error::Error) -> ExitCode {
+    let mut message = format!("clawback-sidecar: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    eprintln!("{message}");
+    ExitCode::FAILURE
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

@@ -1,0 +1,286 @@
+//! The sidecar's configuration: one typed struct, loaded from a TOML file, then `CLAWBACK_*`
+//! environment variables, then command-line flags — later sources win.
+//!
+//! Unknown keys are refused (`deny_unknown_fields`) so a typo fails at start with the key's name
+//! instead of silently running with a default.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// What the sidecar forwards to. The kind decides which engine-specific fields later layers may
+/// ask for (token ids and logprobs are only requested from vLLM / SGLang).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamKind {
+    Openai,
+    Vllm,
+    Sglang,
+}
+
+/// How a request picks among several healthy upstreams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BalancerKind {
+    /// Two random healthy upstreams, the one with fewer requests in flight wins.
+    PowerOfTwoChoices,
+    /// The healthy upstream with the fewest requests in flight (ties: the first).
+    LeastOutstanding,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the agent-facing listener binds to.
+    pub listen: SocketAddr,
+    /// Base URLs of the inference backends (`http://host:port` or `http://host:port/v1`).
+    pub upstreams: Vec<String>,
+    pub upstream_kind: UpstreamKind,
+    /// When set, replaces the client's `Authorization` with `Bearer <key>` towards the upstream.
+    /// When unset, the client's header is passed through.
+    pub upstream_api_key: Option<String>,
+    pub balancer: BalancerKind,
+    pub timeouts: Timeouts,
+    pub limits: Limits,
+    pub health: Health,
+    pub log: Log,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Time a client has to send its request head.
+    #[serde(with = "humantime_serde")]
+    pub header_read: Duration,
+    /// Time a client has to send its whole request body.
+    #[serde(with = "humantime_serde")]
+    pub body_read: Duration,
+    /// TCP (and TLS) connect to an upstream.
+    #[serde(with = "humantime_serde")]
+    pub upstream_connect: Duration,
+    /// From sending the request to the upstream's response head (prefill of long prompts lives here).
+    #[serde(with = "humantime_serde")]
+    pub upstream_first_byte: Duration,
+    /// Longest gap between two body chunks of an upstream response.
+    #[serde(with = "humantime_serde")]
+    pub upstream_idle: Duration,
+    /// How long an upstream response is still read after its client went away.
+    #[serde(with = "humantime_serde")]
+    pub orphan_drain: Duration,
+    /// After SIGTERM/SIGINT: how long in-flight requests may take to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest accepted request body; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// Requests served at once; the next one gets 503 with `Retry-After`.
+    pub max_concurrent_requests: usize,
+    /// Seconds sent in `Retry-After` when shedding load.
+    pub retry_after_secs: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// Consecutive 5xx answers after which an upstream is ejected (a connect failure ejects at once).
+    pub eject_after_5xx: u32,
+    /// How long an ejected upstream is skipped before it is tried again.
+    #[serde(with = "humantime_serde")]
+    pub ejection: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    pub format: LogFormat,
+    /// A `tracing` filter such as `info` or `clawback_sidecar=debug,info`.
+    pub filter: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8100)),
+            upstreams: vec!["http://127.0.0.1:8000".to_owned()],
+            upstream_kind: UpstreamKind::Vllm,
+            upstream_api_key: None,
+            balancer: BalancerKind::PowerOfTwoChoices,
+            timeouts: Timeouts {
+                header_read: Duration::from_secs(10),
+                body_read: Duration::from_secs(30),
+                upstream_connect: Duration::from_secs(2),
+                upstream_first_byte: Duration::from_secs(600),
+                upstream_idle: Duration::from_secs(120),
+                orphan_drain: Duration::from_secs(600),
+                shutdown_grace: Duration::from_secs(30),
+            },
+            limits: Limits {
+                max_body_bytes: 16 * 1024 * 1024,
+                max_concurrent_requests: 4096,
+                retry_after_secs: 1,
+            },
+            health: Health {
+                eject_after_5xx: 3,
+                ejection: Duration::from_secs(10),
+            },
+            log: Log {
+                format: LogFormat::Text,
+                filter: "info".to_owned(),
+            },
+        }
+    }
+}
+
+/// Values given on the command line (or by their `CLAWBACK_*` variables through clap).
+/// Only the ones present override the file.
+#[derive(Debug, Default, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstreams: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_kind: Option<UpstreamKind>,
+    /// `key.path=value` pairs, the value in TOML syntax (a bare word is taken as a string).
+    #[serde(skip)]
+    pub set: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] Box<figment::Error>),
+    #[error("invalid --set {0:?}: expected KEY=VALUE, e.g. limits.max_body_bytes=1048576")]
+    BadSet(String),
+    #[error("invalid configuration: {0}")]
+    Semantic(String),
+}
+
+/// Top-level keys that `CLAWBACK_<KEY>` (and `CLAWBACK_<SECTION>__<KEY>`) may set. Other
+/// `CLAWBACK_*` variables belong to other clawback processes and are left alone.
+const ENV_KEYS: &[&str] = &[
+    "listen",
+    "upstream_kind",
+    "upstream_api_key",
+    "balancer",
+    "timeouts",
+    "limits",
+    "health",
+    "log",
+];
+
+impl Config {
+    /// Defaults, then the file (if any), then the environment, then the overrides.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        figment = figment.merge(Env::prefixed("CLAWBACK_").split("__").filter(|key| {
+            let top = key.as_str().split('.').next().unwrap_or_default();
+            ENV_KEYS.contains(&top)
+        }));
+        figment = figment.merge(Serialized::defaults(overrides));
+        for pair in &overrides.set {
+            figment = figment.merge(Toml::string(&set_to_toml(pair)?));
+        }
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.upstreams.is_empty() {
+            return Err(ConfigError::Semantic(
+                "`upstreams` is empty: give at least one --upstream URL".to_owned(),
+            ));
+        }
+        for url in &self.upstreams {
+            crate::upstream::UpstreamUrl::parse(url)
+                .map_err(|e| ConfigError::Semantic(format!("`upstreams`: {e}")))?;
+        }
+        if self.limits.max_concurrent_requests == 0 {
+            return Err(ConfigError::Semantic(
+                "`limits.max_concurrent_requests` must be at least 1".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Turns `limits.max_body_bytes=1024` into a TOML line; a value that is not valid TOML by itself
+/// (`log.format=json`) is quoted as a string.
+fn set_to_toml(pair: &str) -> Result<String, ConfigError> {
+    let (key, value) = pair
+        .split_once('=')
+        .ok_or_else(|| ConfigError::BadSet(pair.to_owned()))?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(ConfigError::BadSet(pair.to_owned()));
+    }
+    let value = value.trim();
+    let line = format!("{key} = {value}");
+    if toml_parses(&line) {
+        return Ok(line);
+    }
+    let quoted = format!("{key} = {}", toml_string(value));
+    if toml_parses(&quoted) {
+        Ok(quoted)
+    } else {
+        Err(ConfigError::BadSet(pair.to_owned()))
+    }
+}
+
+fn toml_parses(doc: &str) -> bool {
+    Figment::from(Toml::string(doc))
+        .extract::<figment::value::Dict>()
+        .is_ok()
+}
+
+fn toml_string(value: &str) -> String {
+    let escaped = value.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("\"{escaped}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_pair_accepts_numbers_and_bare_words() {
+        assert_eq!(
+            set_to_toml("limits.max_body_bytes=10").unwrap(),
+            "limits.max_body_bytes = 10"
+        );
+        assert_eq!(
+            set_to_toml("log.format=json").unwrap(),
+            "log.format = \"json\""
+        );
+        assert!(set_to_toml("no-equals-sign").is_err());
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_in_the_error() {
+        let overrides = Overrides {
+            set: vec!["limits.max_body_byte=10".to_owned()],
+            ..Overrides::default()
+        };
+        let err = Config::load(None, &overrides).unwrap_err().to_string();
+        assert!(err.contains("max_body_byte"), "{err}");
+    }
+}

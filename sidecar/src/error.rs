@@ -1,0 +1,129 @@
+//! Everything that can go wrong while serving a request, and the one place where it becomes an
+//! OpenAI-style error response (`{"error":{"message","type","code"}}`) the SDKs understand.
+
+use std::time::Duration;
+
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::body::ProxyBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
+    #[error("reading the request body failed: {0}")]
+    BodyRead(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("no route for {method} {path}: the sidecar serves /v1/* and /s/{{session}}/v1/*")]
+    NotFound { method: String, path: String },
+    #[error("the sidecar is serving its limit of {limit} concurrent requests; retry shortly")]
+    Overloaded { limit: usize, retry_after_secs: u32 },
+    #[error("no healthy upstream: all {count} are ejected after failures")]
+    NoHealthyUpstream { count: usize },
+    #[error("could not connect to any upstream (tried {tried})")]
+    ConnectFailed { tried: String },
+    #[error("upstream {upstream} sent no response within {timeout:?}")]
+    FirstByteTimeout {
+        upstream: std::sync::Arc<str>,
+        timeout: Duration,
+    },
+    #[error("upstream {upstream} failed before responding: {source}")]
+    Upstream {
+        upstream: std::sync::Arc<str>,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("could not build the upstream request: {0}")]
+    BadUpstreamRequest(#[source] http::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyRead(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::Overloaded { .. } | Self::NoHealthyUpstream { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::ConnectFailed { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::BadUpstreamRequest(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI `error.type`: client mistakes are `invalid_request_error`, the rest is ours.
+    fn error_type(&self) -> &'static str {
+        match self {
+            Self::BodyTooLarge { .. }
+            | Self::BodyTimeout(_)
+            | Self::BodyRead(_)
+            | Self::NotFound { .. } => "invalid_request_error",
+            Self::Overloaded { .. } => "overloaded_error",
+            _ => "upstream_error",
+        }
+    }
+
+    /// A stable, low-cardinality name: the OpenAI `error.code` and the metric label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyTimeout(_) => "body_timeout",
+            Self::BodyRead(_) => "body_read_failed",
+            Self::NotFound { .. } => "not_found",
+            Self::Overloaded { .. } => "overloaded",
+            Self::NoHealthyUpstream { .. } => "no_healthy_upstream",
+            Self::ConnectFailed { .. } => "upstream_connect_failed",
+            Self::FirstByteTimeout { .. } => "upstream_timeout",
+            Self::Upstream { .. } => "upstream_failed",
+            Self::BadUpstreamRequest(_) | Self::Internal(_) => "internal_error",
+        }
+    }
+
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let status = self.status();
+        let mut response =
+            error_response(status, &self.to_string(), self.error_type(), self.code());
+        response.extensions_mut().insert(ErrorCode(self.code()));
+        if let Self::Overloaded {
+            retry_after_secs, ..
+        } = self
+        {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
+        response
+    }
+}
+
+/// Marks a response the sidecar made itself from a [`ProxyError`], for the error metric.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
+/// The JSON body OpenAI's API and SDKs use for errors.
+pub fn error_json(message: &str, error_type: &str, code: &str) -> String {
+    serde_json::json!({
+        "error": { "message": message, "type": error_type, "param": null, "code": code }
+    })
+    .to_string()
+}
+
+pub fn error_response(
+    status: StatusCode,
+    message: &str,
+    error_type: &str,
+    code: &str,
+) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(error_json(message, error_type, code)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}

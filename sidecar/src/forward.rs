@@ -1,0 +1,262 @@
+//! Sends a buffered request to a balanced upstream and returns its response as a relayed stream.
+//!
+//! Failover is deliberately narrow: only a connect failure (the request never left the sidecar)
+//! moves on to another upstream. Anything later — a reset, a timeout, a 5xx — may have started
+//! work on the backend (a generation, a tool side effect), so it is never replayed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{request, Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+use crate::body::ProxyBody;
+use crate::config::Timeouts;
+use crate::error::ProxyError;
+use crate::metrics::{Metrics, UpstreamLabels};
+use crate::relay::{Relay, RELAY_CAPACITY};
+use crate::upstream::{Failure, HealthChange, Pool, Upstream};
+
+/// When and where a response came from; the observe layer turns it into the added-latency metric.
+#[derive(Debug, Clone)]
+pub struct UpstreamTiming {
+    pub upstream: Arc<str>,
+    pub sent_at: Instant,
+    pub head_at: Instant,
+}
+
+pub struct Forwarder {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    pool: Arc<Pool>,
+    /// `Bearer <key>` that replaces the client's `Authorization`, when configured.
+    upstream_auth: Option<HeaderValue>,
+    timeouts: Timeouts,
+    metrics: Arc<Metrics>,
+    relays: TaskTracker,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream API key is not a valid header value")]
+pub struct InvalidApiKey;
+
+impl Forwarder {
+    pub fn new(
+        pool: Arc<Pool>,
+        upstream_api_key: Option<&str>,
+        timeouts: Timeouts,
+        metrics: Arc<Metrics>,
+        relays: TaskTracker,
+    ) -> Result<Self, InvalidApiKey> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(timeouts.upstream_connect));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        let upstream_auth = upstream_api_key
+            .map(|key| {
+                let mut value =
+                    HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| InvalidApiKey)?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
+        Ok(Self {
+            client,
+            pool,
+            upstream_auth,
+            timeouts,
+            metrics,
+            relays,
+        })
+    }
+
+    pub async fn forward(
+        &self,
+        parts: &request::Parts,
+        body: Bytes,
+        upstream_path: &str,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let mut tried: Vec<Arc<str>> = Vec::new();
+        loop {
+            let Some(in_flight) = self.pool.pick(&tried) else {
+                return Err(if tried.is_empty() {
+                    ProxyError::NoHealthyUpstream {
+                        count: self.pool.all().len(),
+                    }
+                } else {
+                    ProxyError::ConnectFailed {
+                        tried: tried.join(", "),
+                    }
+                });
+            };
+            let upstream = Arc::clone(in_flight.upstream());
+            let request = self.upstream_request(&upstream, parts, body.clone(), upstream_path)?;
+            let sent_at = Instant::now();
+            let response = tokio::time::timeout(
+                self.timeouts.upstream_first_byte,
+                self.client.request(request),
+            )
+            .await;
+            let response = match response {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) if e.is_connect() => {
+                    tracing::warn!(upstream = %upstream.name, error = %e, "upstream refused the connection; trying another");
+                    self.report(&upstream, Failure::Connect);
+                    tried.push(Arc::clone(&upstream.name));
+                    continue;
+                }
+                Ok(Err(source)) => {
+                    self.report(&upstream, Failure::ServerError);
+                    return Err(ProxyError::Upstream {
+                        upstream: Arc::clone(&upstream.name),
+                        source,
+                    });
+                }
+                Err(_) => {
+                    return Err(ProxyError::FirstByteTimeout {
+                        upstream: Arc::clone(&upstream.name),
+                        timeout: self.timeouts.upstream_first_byte,
+                    })
+                }
+            };
+            let head_at = Instant::now();
+            self.metrics
+                .upstream_first_byte
+                .get_or_create(&UpstreamLabels {
+                    upstream: upstream.name.to_string(),
+                })
+                .observe((head_at - sent_at).as_secs_f64());
+            if response.status().is_server_error() {
+                self.report(&upstream, Failure::ServerError);
+            } else {
+                self.pool.report_success(&upstream);
+            }
+            let timing = UpstreamTiming {
+                upstream: Arc::clone(&upstream.name),
+                sent_at,
+                head_at,
+            };
+            return Ok(self.relay(response, in_flight, timing));
+        }
+    }
+
+    fn report(&self, upstream: &Upstream, failure: Failure) {
+        if self.pool.report_failure(upstream, failure) == HealthChange::Ejected {
+            tracing::warn!(upstream = %upstream.name, ?failure, "upstream ejected");
+            self.metrics
+                .ejections
+                .get_or_create(&UpstreamLabels {
+                    upstream: upstream.name.to_string(),
+                })
+                .inc();
+        }
+    }
+
+    fn upstream_request(
+        &self,
+        upstream: &Upstream,
+        parts: &request::Parts,
+        body: Bytes,
+        upstream_path: &str,
+    ) -> Result<Request<Full<Bytes>>, ProxyError> {
+        let uri = upstream
+            .url
+            .join(upstream_path)
+            .map_err(ProxyError::BadUpstreamRequest)?;
+        let mut request = Request::builder()
+            .method(parts.method.clone())
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(ProxyError::BadUpstreamRequest)?;
+        let headers = request.headers_mut();
+        copy_end_to_end(&parts.headers, headers);
+        // The body may be rewritten by later layers: hyper sets the length from the body.
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove(header::HOST);
+        if let Some(auth) = &self.upstream_auth {
+            headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+        Ok(request)
+    }
+
+    fn relay(
+        &self,
+        response: Response<Incoming>,
+        in_flight: crate::upstream::InFlight,
+        timing: UpstreamTiming,
+    ) -> Response<ProxyBody> {
+        let (parts, body) = response.into_parts();
+        let is_sse = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let (tx, rx) = mpsc::channel(RELAY_CAPACITY);
+        let relay = Relay {
+            body,
+            tx,
+            is_sse,
+            idle: self.timeouts.upstream_idle,
+            orphan_drain: self.timeouts.orphan_drain,
+            in_flight,
+            pool: Arc::clone(&self.pool),
+            metrics: Arc::clone(&self.metrics),
+        };
+        self.relays.spawn(relay.run());
+
+        let mut response = Response::new(ProxyBody::relay(rx));
+        *response.status_mut() = parts.status;
+        copy_end_to_end(&parts.headers, response.headers_mut());
+        response.extensions_mut().insert(timing);
+        response
+    }
+}
+
+/// Headers that describe one connection, not the message, and so are never forwarded
+/// (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    let named_in_connection: Vec<&str> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    for (name, value) in from {
+        let hop = HOP_BY_HOP.contains(name)
+            || name.as_str() == "keep-alive"
+            || name.as_str() == "proxy-connection"
+            || named_in_connection
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name.as_str()));
+        if !hop {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}

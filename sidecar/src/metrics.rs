@@ -1,0 +1,145 @@
+//! Prometheus metrics of the proxy, rendered as text on `GET /metrics`.
+//!
+//! Labels are kept low-cardinality: a route name, a status code, an upstream `host:port`, an
+//! error code — never a path, a session or a tenant-provided string.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: &'static str,
+    pub status: u16,
+    pub upstream: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    pub upstream: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub code: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub duration: HistogramFamily<RouteLabels>,
+    pub added_latency: HistogramFamily<RouteLabels>,
+    pub upstream_first_byte: HistogramFamily<UpstreamLabels>,
+    pub in_flight: Gauge,
+    pub errors: Family<ErrorLabels, Counter>,
+    pub ejections: Family<UpstreamLabels, Counter>,
+    pub upstream_healthy: Family<UpstreamLabels, Gauge>,
+    pub orphaned_streams: Counter,
+}
+
+fn request_buckets() -> Histogram {
+    // 1 ms .. ~130 s: whole LLM calls.
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+fn overhead_buckets() -> Histogram {
+    // 10 µs .. ~0.3 s: the sidecar's own share.
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 16))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("clawback");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests answered, by route, status and upstream",
+            requests.clone(),
+        );
+        let duration: HistogramFamily<RouteLabels> = Family::new_with_constructor(request_buckets);
+        registry.register(
+            "request_duration_seconds",
+            "From the request's arrival to the last byte handed to the client",
+            duration.clone(),
+        );
+        let added_latency: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(overhead_buckets);
+        registry.register(
+            "added_latency_seconds",
+            "Time to the response head spent in the sidecar itself (total minus waiting on the upstream)",
+            added_latency.clone(),
+        );
+        let upstream_first_byte: HistogramFamily<UpstreamLabels> =
+            Family::new_with_constructor(request_buckets);
+        registry.register(
+            "upstream_first_byte_seconds",
+            "From sending a request upstream to its response head",
+            upstream_first_byte.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "in_flight_requests",
+            "Requests being served right now",
+            in_flight.clone(),
+        );
+        let errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "errors",
+            "Requests the sidecar answered with its own error, by code",
+            errors.clone(),
+        );
+        let ejections = Family::<UpstreamLabels, Counter>::default();
+        registry.register(
+            "upstream_ejections",
+            "Times an upstream was taken out of rotation after failures",
+            ejections.clone(),
+        );
+        let upstream_healthy = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "upstream_healthy",
+            "1 while an upstream is in rotation, 0 while ejected (as of the last scrape)",
+            upstream_healthy.clone(),
+        );
+        let orphaned_streams = Counter::default();
+        registry.register(
+            "orphaned_streams",
+            "Upstream responses read to the end after their client went away",
+            orphaned_streams.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            duration,
+            added_latency,
+            upstream_first_byte,
+            in_flight,
+            errors,
+            ejections,
+            upstream_healthy,
+            orphaned_streams,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

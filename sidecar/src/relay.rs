@@ -1,0 +1,130 @@
+//! The task that reads an upstream response body to its end and hands each frame to the client
+//! as it arrives.
+//!
+//! It runs detached from the client's connection on purpose: an agent that disconnects mid-stream
+//! must not cancel the upstream call, because the completed call is what gets recorded. Once the
+//! client is gone the body is still driven to the end, bounded by `orphan_drain`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::body::RelayItem;
+use crate::error::error_json;
+use crate::metrics::{Metrics, UpstreamLabels};
+use crate::upstream::{Failure, HealthChange, InFlight, Pool};
+
+/// Frames buffered between the upstream and a slow client before the relay waits for the client.
+pub const RELAY_CAPACITY: usize = 64;
+
+/// How a relayed body ended; the recorder will use this to decide what a step is worth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayEnd {
+    Complete,
+    UpstreamFailed(String),
+    UpstreamIdle,
+    AbandonedAfterClientLeft,
+}
+
+pub struct Relay<B> {
+    pub body: B,
+    pub tx: mpsc::Sender<RelayItem>,
+    /// Server-sent events get an OpenAI error event when the upstream breaks mid-stream.
+    pub is_sse: bool,
+    pub idle: Duration,
+    pub orphan_drain: Duration,
+    pub in_flight: InFlight,
+    pub pool: Arc<Pool>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl<B> Relay<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    pub async fn run(mut self) -> RelayEnd {
+        let mut client_gone_deadline: Option<Instant> = None;
+        let end = loop {
+            let wait = match client_gone_deadline {
+                Some(deadline) => self
+                    .idle
+                    .min(deadline.saturating_duration_since(Instant::now())),
+                None => self.idle,
+            };
+            let frame = match tokio::time::timeout(wait, self.body.frame()).await {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => break RelayEnd::Complete,
+                Ok(Some(Err(e))) => break RelayEnd::UpstreamFailed(e.to_string()),
+                Err(_) if client_gone_deadline.is_some_and(|d| Instant::now() >= d) => {
+                    break RelayEnd::AbandonedAfterClientLeft
+                }
+                Err(_) => break RelayEnd::UpstreamIdle,
+            };
+            match client_gone_deadline {
+                None => {
+                    if self.tx.send(Ok(frame)).await.is_err() {
+                        self.metrics.orphaned_streams.inc();
+                        client_gone_deadline = Some(Instant::now() + self.orphan_drain);
+                    }
+                }
+                Some(deadline) if Instant::now() >= deadline => {
+                    break RelayEnd::AbandonedAfterClientLeft
+                }
+                Some(_) => {}
+            }
+        };
+        self.finish(&end).await;
+        end
+    }
+
+    async fn finish(&self, end: &RelayEnd) {
+        let upstream = self.in_flight.upstream();
+        let message = match end {
+            RelayEnd::Complete => return,
+            RelayEnd::AbandonedAfterClientLeft => {
+                tracing::warn!(upstream = %upstream.name, drain = ?self.orphan_drain,
+                    "stopped reading an orphaned upstream response at the drain limit");
+                return;
+            }
+            RelayEnd::UpstreamFailed(reason) => {
+                if self.pool.report_failure(upstream, Failure::ServerError) == HealthChange::Ejected
+                {
+                    self.metrics
+                        .ejections
+                        .get_or_create(&UpstreamLabels {
+                            upstream: upstream.name.to_string(),
+                        })
+                        .inc();
+                }
+                format!(
+                    "upstream {} broke off the response: {reason}",
+                    upstream.name
+                )
+            }
+            RelayEnd::UpstreamIdle => format!(
+                "upstream {} sent nothing for {:?} mid-response",
+                upstream.name, self.idle
+            ),
+        };
+        tracing::warn!(upstream = %upstream.name, "{message}");
+        // The head is already sent, so the status can't change. A stream gets a final event
+        // in OpenAI's error shape (the SDKs raise it); a plain body is cut so the client sees a
+        // transfer error rather than truncated JSON it might accept.
+        let item: RelayItem = if self.is_sse {
+            let event = format!(
+                "data: {}\n\n",
+                error_json(&message, "upstream_error", "upstream_stream_broken")
+            );
+            Ok(Frame::data(Bytes::from(event)))
+        } else {
+            Err(message.into())
+        };
+        let _ = self.tx.send(item).await;
+    }
+}

@@ -1,0 +1,312 @@
+//! The inference backends: their addresses, passive health and the balancer that picks one.
+//!
+//! Health is passive: a connect failure ejects a backend at once, a run of 5xx answers ejects it
+//! after a threshold; after the ejection period it is simply eligible again and the next real
+//! request is its probe. There is no active health checking, so an idle sidecar sends nothing.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::uri::{Authority, Scheme, Uri};
+use rand::Rng;
+
+use crate::config::{BalancerKind, Health};
+
+/// A backend's base address, split so a request path can be appended cheaply.
+#[derive(Debug, Clone)]
+pub struct UpstreamUrl {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// Path prefix without a trailing `/v1` (that comes with every forwarded path).
+    pub base_path: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamUrlError {
+    #[error("{url:?} is not a valid URL: {source}")]
+    Unparsable {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("{0:?} must start with http:// or https://")]
+    Scheme(String),
+    #[error("{0:?} has no host")]
+    NoHost(String),
+    #[error("{0:?} must not carry a query string")]
+    Query(String),
+}
+
+impl UpstreamUrl {
+    pub fn parse(url: &str) -> Result<Self, UpstreamUrlError> {
+        let uri: Uri = url.parse().map_err(|source| UpstreamUrlError::Unparsable {
+            url: url.to_owned(),
+            source,
+        })?;
+        let scheme = match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS => s.clone(),
+            _ => return Err(UpstreamUrlError::Scheme(url.to_owned())),
+        };
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| UpstreamUrlError::NoHost(url.to_owned()))?;
+        if uri.query().is_some() {
+            return Err(UpstreamUrlError::Query(url.to_owned()));
+        }
+        let path = uri.path().trim_end_matches('/');
+        let base_path = path.strip_suffix("/v1").unwrap_or(path).to_owned();
+        Ok(Self {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+
+    /// The URI for `path_and_query`, which starts with `/v1/`.
+    pub fn join(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+    }
+}
+
+/// One backend and what the balancer knows about it.
+#[derive(Debug)]
+pub struct Upstream {
+    /// `host:port`, the metric label and log name.
+    pub name: Arc<str>,
+    pub url: UpstreamUrl,
+    in_flight: AtomicUsize,
+    consecutive_5xx: AtomicU32,
+    /// Milliseconds since the pool's epoch until which this backend is skipped; 0 = healthy.
+    ejected_until_ms: AtomicU64,
+}
+
+impl Upstream {
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// Marks one request as outstanding on an upstream until dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<Upstream>);
+
+impl InFlight {
+    pub fn upstream(&self) -> &Arc<Upstream> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why an upstream is being reported unhealthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    Connect,
+    ServerError,
+}
+
+/// Something that happened to an upstream's health, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthChange {
+    Unchanged,
+    Ejected,
+}
+
+#[derive(Debug)]
+pub struct Pool {
+    upstreams: Vec<Arc<Upstream>>,
+    balancer: BalancerKind,
+    health: Health,
+    epoch: Instant,
+}
+
+impl Pool {
+    pub fn new(
+        urls: &[String],
+        balancer: BalancerKind,
+        health: Health,
+    ) -> Result<Self, UpstreamUrlError> {
+        let upstreams = urls
+            .iter()
+            .map(|raw| {
+                let url = UpstreamUrl::parse(raw)?;
+                Ok(Arc::new(Upstream {
+                    name: Arc::from(url.authority.as_str()),
+                    url,
+                    in_flight: AtomicUsize::new(0),
+                    consecutive_5xx: AtomicU32::new(0),
+                    ejected_until_ms: AtomicU64::new(0),
+                }))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            upstreams,
+            balancer,
+            health,
+            epoch: Instant::now(),
+        })
+    }
+
+    pub fn all(&self) -> &[Arc<Upstream>] {
+        &self.upstreams
+    }
+
+    pub fn is_healthy(&self, upstream: &Upstream) -> bool {
+        upstream.ejected_until_ms.load(Ordering::Relaxed) <= self.now_ms()
+    }
+
+    pub fn healthy_count(&self) -> usize {
+        self.upstreams.iter().filter(|u| self.is_healthy(u)).count()
+    }
+
+    /// Picks a healthy upstream not in `exclude` and marks a request in flight on it.
+    pub fn pick(&self, exclude: &[Arc<str>]) -> Option<InFlight> {
+        let candidates: Vec<&Arc<Upstream>> = self
+            .upstreams
+            .iter()
+            .filter(|u| self.is_healthy(u) && !exclude.contains(&u.name))
+            .collect();
+        let chosen = match (self.balancer, candidates.len()) {
+            (_, 0) => return None,
+            (_, 1) => candidates[0],
+            (BalancerKind::PowerOfTwoChoices, n) => {
+                let mut rng = rand::rng();
+                let a = rng.random_range(0..n);
+                let b = (a + rng.random_range(1..n)) % n;
+                if candidates[b].in_flight() < candidates[a].in_flight() {
+                    candidates[b]
+                } else {
+                    candidates[a]
+                }
+            }
+            (BalancerKind::LeastOutstanding, _) => candidates
+                .iter()
+                .min_by_key(|u| u.in_flight())
+                .copied()
+                .unwrap_or(candidates[0]),
+        };
+        chosen.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(InFlight(Arc::clone(chosen)))
+    }
+
+    pub fn report_success(&self, upstream: &Upstream) {
+        upstream.consecutive_5xx.store(0, Ordering::Relaxed);
+    }
+
+    pub fn report_failure(&self, upstream: &Upstream, failure: Failure) -> HealthChange {
+        let eject = match failure {
+            Failure::Connect => true,
+            Failure::ServerError => {
+                let run = upstream.consecutive_5xx.fetch_add(1, Ordering::Relaxed) + 1;
+                run >= self.health.eject_after_5xx
+            }
+        };
+        if !eject {
+            return HealthChange::Unchanged;
+        }
+        upstream.consecutive_5xx.store(0, Ordering::Relaxed);
+        let until = self.now_ms() + duration_ms(self.health.ejection);
+        upstream.ejected_until_ms.store(until, Ordering::Relaxed);
+        HealthChange::Ejected
+    }
+
+    fn now_ms(&self) -> u64 {
+        // Offset by one so that 0 always means "never ejected".
+        duration_ms(self.epoch.elapsed()) + 1
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize, balancer: BalancerKind) -> Pool {
+        let urls: Vec<String> = (0..n)
+            .map(|i| format!("http://127.0.0.1:{}", 9000 + i))
+            .collect();
+        Pool::new(
+            &urls,
+            balancer,
+            Health {
+                eject_after_5xx: 2,
+                ejection: Duration::from_secs(60),
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_v1_suffix_in_the_upstream_url_is_not_doubled() {
+        let url = UpstreamUrl::parse("https://api.example.com/v1/").unwrap();
+        assert_eq!(
+            url.join("/v1/models").unwrap().to_string(),
+            "https://api.example.com/v1/models"
+        );
+        let url = UpstreamUrl::parse("http://10.0.0.1:8000/proxy").unwrap();
+        assert_eq!(
+            url.join("/v1/models?x=1").unwrap().to_string(),
+            "http://10.0.0.1:8000/proxy/v1/models?x=1"
+        );
+        assert!(UpstreamUrl::parse("ftp://x").is_err());
+    }
+
+    #[test]
+    fn least_outstanding_prefers_the_idle_upstream() {
+        let pool = pool(3, BalancerKind::LeastOutstanding);
+        let first = pool.pick(&[]).unwrap();
+        let second = pool.pick(&[]).unwrap();
+        assert_ne!(first.upstream().name, second.upstream().name);
+        drop(first);
+        let third = pool.pick(&[]).unwrap();
+        assert_eq!(third.upstream().in_flight(), 1);
+    }
+
+    #[test]
+    fn power_of_two_never_picks_the_busier_of_two() {
+        let pool = pool(2, BalancerKind::PowerOfTwoChoices);
+        let held: Vec<InFlight> = (0..5).map(|_| pool.pick(&[]).unwrap()).collect();
+        let loads: Vec<usize> = pool.all().iter().map(|u| u.in_flight()).collect();
+        assert!(loads[0].abs_diff(loads[1]) <= 1, "{loads:?}");
+        drop(held);
+    }
+
+    #[test]
+    fn a_connect_failure_ejects_and_5xx_needs_a_run() {
+        let pool = pool(2, BalancerKind::PowerOfTwoChoices);
+        let a = Arc::clone(&pool.all()[0]);
+        let b = Arc::clone(&pool.all()[1]);
+        assert_eq!(
+            pool.report_failure(&a, Failure::Connect),
+            HealthChange::Ejected
+        );
+        assert_eq!(pool.healthy_count(), 1);
+        assert_eq!(
+            pool.report_failure(&b, Failure::ServerError),
+            HealthChange::Unchanged
+        );
+        pool.report_success(&b);
+        assert_eq!(
+            pool.report_failure(&b, Failure::ServerError),
+            HealthChange::Unchanged
+        );
+        assert_eq!(
+            pool.report_failure(&b, Failure::ServerError),
+            HealthChange::Ejected
+        );
+        assert!(pool.pick(&[]).is_none());
+    }
+}

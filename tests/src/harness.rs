@@ -1,0 +1,87 @@
+//! Starts a real sidecar on a loopback port inside the test process, over real HTTP, with a
+//! configuration made for tests: port 0, short timeouts, given upstreams.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawback_sidecar::app::App;
+use clawback_sidecar::config::Config;
+use clawback_sidecar::server;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A sidecar serving in this process until [`Sidecar::shutdown`] or drop.
+pub struct Sidecar {
+    pub addr: SocketAddr,
+    pub app: Arc<App>,
+    stop: Option<oneshot::Sender<()>>,
+    serving: Option<JoinHandle<()>>,
+}
+
+/// The test configuration: listen on any loopback port, forward to `upstreams`.
+pub fn test_config(upstreams: &[String]) -> Config {
+    let mut config = Config::default();
+    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.upstreams = upstreams.to_vec();
+    config.timeouts.upstream_connect = Duration::from_millis(500);
+    config.timeouts.upstream_first_byte = Duration::from_secs(30);
+    config.timeouts.upstream_idle = Duration::from_secs(30);
+    config.timeouts.shutdown_grace = Duration::from_secs(10);
+    config.log.filter = "warn".to_owned();
+    config
+}
+
+impl Sidecar {
+    pub async fn start(config: Config) -> Self {
+        let listener = server::bind(config.listen).await.expect("sidecar binds");
+        let addr = listener.local_addr().expect("sidecar has an address");
+        let app = App::new(config).expect("valid test config");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = tokio::spawn(server::serve(listener, Arc::clone(&app), async {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            app,
+            stop: Some(stop),
+            serving: Some(serving),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// The OpenAI `base_url` an agent would be given.
+    pub fn base_url(&self) -> String {
+        self.url("/v1")
+    }
+
+    /// Starts the graceful shutdown; the returned handle resolves when draining is done.
+    pub fn begin_shutdown(&mut self) -> JoinHandle<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.serving
+            .take()
+            .unwrap_or_else(|| tokio::spawn(async {}))
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The repository root, for fixtures and the example config.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
