@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::body::ProxyBody;
 use crate::config::Timeouts;
 use crate::error::ProxyError;
+use crate::layers::request_id::{RequestId, HEADER as REQUEST_ID_HEADER};
 use crate::metrics::{Metrics, UpstreamLabels};
 use crate::relay::{Relay, RELAY_CAPACITY};
 use crate::upstream::{Failure, HealthChange, Pool, Upstream};
@@ -190,6 +191,10 @@ impl Forwarder {
         // The body may be rewritten by later layers: hyper sets the length from the body.
         headers.remove(header::CONTENT_LENGTH);
         headers.remove(header::HOST);
+        // The engine can use it as its own request id (vLLM: --enable-request-id-headers).
+        if let Some(id) = parts.extensions.get::<RequestId>() {
+            headers.insert(REQUEST_ID_HEADER, id.0.clone());
+        }
         if let Some(auth) = &self.upstream_auth {
             headers.insert(header::AUTHORIZATION, auth.clone());
         }

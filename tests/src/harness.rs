@@ -22,9 +22,11 @@ pub struct Sidecar {
 
 /// The test configuration: listen on any loopback port, forward to `upstreams`.
 pub fn test_config(upstreams: &[String]) -> Config {
-    let mut config = Config::default();
-    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.upstreams = upstreams.to_vec();
+    let mut config = Config {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        upstreams: upstreams.to_vec(),
+        ..Config::default()
+    };
     config.timeouts.upstream_connect = Duration::from_millis(500);
     config.timeouts.upstream_first_byte = Duration::from_secs(30);
     config.timeouts.upstream_idle = Duration::from_secs(30);

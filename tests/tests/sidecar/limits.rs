@@ -1,0 +1,187 @@
+//! The sidecar's own limits: body size, concurrency, and every timeout — each answered with an
+//! OpenAI-style error, never a hang.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawback_tests::harness::{test_config, Sidecar};
+use clawback_tests::mock::{Behaviour, MockUpstream};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::{assert_openai_error, chat_request, client, eventually, sse_data};
+
+#[tokio::test]
+async fn a_body_over_the_limit_gets_413_and_never_reaches_the_engine() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_body_bytes = 4096;
+    let sidecar = Sidecar::start(config).await;
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(10_000)}]});
+
+    let declared = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(declared.status(), 413);
+    assert_openai_error(&declared.json().await.unwrap(), "body_too_large");
+
+    // Without a Content-Length the limit is enforced while reading.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![Ok(serde_json::to_vec(&big).unwrap())];
+    let chunked = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chunked.status(), 413);
+    assert_openai_error(&chunked.json().await.unwrap(), "body_too_large");
+    assert_eq!(engine.request_count(), 0);
+}
+
+#[tokio::test]
+async fn past_the_concurrency_limit_requests_are_shed_with_retry_after() {
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        head_delay: Duration::from_millis(800),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_concurrent_requests = 2;
+    config.limits.retry_after_secs = 2;
+    let sidecar = Arc::new(Sidecar::start(config).await);
+
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let sidecar = Arc::clone(&sidecar);
+            tokio::spawn(async move {
+                client()
+                    .post(sidecar.url("/v1/chat/completions"))
+                    .json(&chat_request(false))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || engine.request_count() == 2).await);
+
+    let shed = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&chat_request(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shed.status(), 503);
+    assert_eq!(shed.headers()["retry-after"], "2");
+    assert_openai_error(&shed.json().await.unwrap(), "overloaded");
+    // Health endpoints are not shed.
+    assert_eq!(
+        client()
+            .get(sidecar.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    for call in held {
+        assert_eq!(call.await.unwrap(), 200);
+    }
+    assert_eq!(engine.request_count(), 2);
+}
+
+#[tokio::test]
+async fn an_engine_that_never_answers_gets_504() {
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        head_delay: Duration::from_secs(30),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.timeouts.upstream_first_byte = Duration::from_millis(300);
+    let sidecar = Sidecar::start(config).await;
+
+    let response = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&chat_request(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 504);
+    assert_openai_error(&response.json().await.unwrap(), "upstream_timeout");
+}
+
+#[tokio::test]
+async fn an_engine_that_stalls_mid_stream_ends_the_stream_with_an_error_event() {
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        chunk_delay: Duration::from_secs(30),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.timeouts.upstream_idle = Duration::from_millis(300);
+    let sidecar = Sidecar::start(config).await;
+
+    let body = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&chat_request(true))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let events = sse_data(&body);
+    assert_eq!(events.len(), 2, "{events:?}");
+    let error: Value = serde_json::from_str(&events[1]).unwrap();
+    assert_openai_error(&error, "upstream_stream_broken");
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.timeouts.header_read = Duration::from_millis(300);
+    let sidecar = Sidecar::start(config).await;
+
+    let mut socket = TcpStream::connect(sidecar.addr).await.unwrap();
+    socket
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: sidecar\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the connection was kept open");
+    assert_eq!(engine.request_count(), 0);
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_body_gets_408() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.timeouts.body_read = Duration::from_millis(300);
+    let sidecar = Sidecar::start(config).await;
+
+    let mut socket = TcpStream::connect(sidecar.addr).await.unwrap();
+    socket
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: sidecar\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":")
+        .await
+        .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut answer))
+        .await
+        .expect("an answer before the client gives up")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
+    assert_eq!(engine.request_count(), 0);
+}

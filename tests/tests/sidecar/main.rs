@@ -1,0 +1,8 @@
+//! The sidecar proxy over real loopback HTTP: mock engine → sidecar → real clients.
+
+mod balancing;
+mod forwarding;
+mod lifecycle;
+mod limits;
+mod sdk;
+mod support;
