@@ -150,18 +150,7 @@ where
 {
     let (parts, body) = request.into_parts();
     let body = read_body(&app.config, &parts.headers, body).await?;
-    // Forwarding runs in its own task so that a client leaving before the response head (a
-    // non-streaming call is all "before the head") does not cancel the upstream call.
-    let forwarder = Arc::clone(&app.forwarder);
-    let call = app
-        .tasks
-        .spawn(async move { forwarder.forward(&parts, body, &upstream_path).await });
-    match call.await {
-        Ok(result) => result,
-        Err(join) => Err(ProxyError::Internal(format!(
-            "forwarding task failed: {join}"
-        ))),
-    }
+    app.forwarder.call(parts, body, upstream_path).await
 }
 
 async fn read_body<B>(
@@ -212,9 +201,7 @@ fn metrics(app: &App) -> Response<ProxyBody> {
     for upstream in app.pool.all() {
         app.metrics
             .upstream_healthy
-            .get_or_create(&UpstreamLabels {
-                upstream: upstream.name.to_string(),
-            })
+            .get_or_create(&UpstreamLabels::new(&upstream.name))
             .set(i64::from(app.pool.is_healthy(upstream)));
     }
     let mut response = Response::new(ProxyBody::full(app.metrics.render()));

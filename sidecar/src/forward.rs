@@ -16,7 +16,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
 use crate::body::ProxyBody;
@@ -42,7 +42,7 @@ pub struct Forwarder {
     upstream_auth: Option<HeaderValue>,
     timeouts: Timeouts,
     metrics: Arc<Metrics>,
-    relays: TaskTracker,
+    tasks: TaskTracker,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,7 @@ impl Forwarder {
         upstream_api_key: Option<&str>,
         timeouts: Timeouts,
         metrics: Arc<Metrics>,
-        relays: TaskTracker,
+        tasks: TaskTracker,
     ) -> Result<Self, InvalidApiKey> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -84,16 +84,49 @@ impl Forwarder {
             upstream_auth,
             timeouts,
             metrics,
-            relays,
+            tasks,
         })
     }
 
-    pub async fn forward(
+    /// Forwards in a task of its own and returns the response head as soon as it is there.
+    ///
+    /// The task outlives this future: a client that leaves before the head (a non-streaming
+    /// call is all "before the head") or mid-stream does not cancel the upstream call, whose
+    /// response is still read to the end.
+    pub async fn call(
+        self: &Arc<Self>,
+        parts: request::Parts,
+        body: Bytes,
+        upstream_path: String,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (head_tx, head_rx) = oneshot::channel();
+        let this = Arc::clone(self);
+        self.tasks.spawn(async move {
+            match this.forward(&parts, body, &upstream_path).await {
+                Ok((response, relay)) => {
+                    // If the client is gone, the response and its receiver drop here and the
+                    // relay reads on as an orphan.
+                    let _ = head_tx.send(Ok(response));
+                    relay.run().await;
+                }
+                Err(e) => {
+                    let _ = head_tx.send(Err(e));
+                }
+            }
+        });
+        head_rx.await.unwrap_or_else(|_| {
+            Err(ProxyError::Internal(
+                "the forwarding task ended without an answer".to_owned(),
+            ))
+        })
+    }
+
+    async fn forward(
         &self,
         parts: &request::Parts,
         body: Bytes,
         upstream_path: &str,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<(Response<ProxyBody>, Relay<Incoming>), ProxyError> {
         let mut tried: Vec<Arc<str>> = Vec::new();
         loop {
             let Some(in_flight) = self.pool.pick(&tried) else {
@@ -140,9 +173,7 @@ impl Forwarder {
             let head_at = Instant::now();
             self.metrics
                 .upstream_first_byte
-                .get_or_create(&UpstreamLabels {
-                    upstream: upstream.name.to_string(),
-                })
+                .get_or_create(&UpstreamLabels::new(&upstream.name))
                 .observe((head_at - sent_at).as_secs_f64());
             if response.status().is_server_error() {
                 self.report(&upstream, Failure::ServerError);
@@ -163,9 +194,7 @@ impl Forwarder {
             tracing::warn!(upstream = %upstream.name, ?failure, "upstream ejected");
             self.metrics
                 .ejections
-                .get_or_create(&UpstreamLabels {
-                    upstream: upstream.name.to_string(),
-                })
+                .get_or_create(&UpstreamLabels::new(&upstream.name))
                 .inc();
         }
     }
@@ -206,7 +235,7 @@ impl Forwarder {
         response: Response<Incoming>,
         in_flight: crate::upstream::InFlight,
         timing: UpstreamTiming,
-    ) -> Response<ProxyBody> {
+    ) -> (Response<ProxyBody>, Relay<Incoming>) {
         let (parts, body) = response.into_parts();
         let is_sse = parts
             .headers
@@ -224,13 +253,11 @@ impl Forwarder {
             pool: Arc::clone(&self.pool),
             metrics: Arc::clone(&self.metrics),
         };
-        self.relays.spawn(relay.run());
-
         let mut response = Response::new(ProxyBody::relay(rx));
         *response.status_mut() = parts.status;
         copy_end_to_end(&parts.headers, response.headers_mut());
         response.extensions_mut().insert(timing);
-        response
+        (response, relay)
     }
 }
 

@@ -3,18 +3,31 @@
 //! Labels are kept low-cardinality: a route name, a status code, an upstream `host:port`, an
 //! error code — never a path, a session or a tenant-provided string.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// An upstream's `host:port` as a label value, shared rather than copied per request.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+pub struct UpstreamName(pub Arc<str>);
+
+impl EncodeLabelValue for UpstreamName {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        encoder.write_str(&self.0)
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub route: &'static str,
     pub status: u16,
-    pub upstream: String,
+    pub upstream: UpstreamName,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -24,7 +37,15 @@ pub struct RouteLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabels {
-    pub upstream: String,
+    pub upstream: UpstreamName,
+}
+
+impl UpstreamLabels {
+    pub fn new(name: &Arc<str>) -> Self {
+        Self {
+            upstream: UpstreamName(Arc::clone(name)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

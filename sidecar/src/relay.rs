@@ -97,9 +97,7 @@ where
                 {
                     self.metrics
                         .ejections
-                        .get_or_create(&UpstreamLabels {
-                            upstream: upstream.name.to_string(),
-                        })
+                        .get_or_create(&UpstreamLabels::new(&upstream.name))
                         .inc();
                 }
                 format!(

@@ -3,4 +3,5 @@
 
 pub mod engine_json;
 pub mod harness;
+pub mod load;
 pub mod mock;

@@ -19,7 +19,7 @@ use super::ResponseFuture;
 use crate::body::ProxyBody;
 use crate::error::ErrorCode;
 use crate::forward::UpstreamTiming;
-use crate::metrics::{ErrorLabels, Metrics, RequestLabels, RouteLabels};
+use crate::metrics::{ErrorLabels, Metrics, RequestLabels, RouteLabels, UpstreamName};
 use crate::route::Route;
 
 #[derive(Clone)]
@@ -104,9 +104,9 @@ where
                     labels: RequestLabels {
                         route: label,
                         status: response.status().as_u16(),
-                        upstream: timing
-                            .map(|t| t.upstream.to_string())
-                            .unwrap_or_else(|| "none".to_owned()),
+                        upstream: UpstreamName(
+                            timing.map_or_else(|| Arc::from("none"), |t| t.upstream),
+                        ),
                     },
                     received,
                     span: tracing::Span::current(),
@@ -159,7 +159,7 @@ impl Drop for Completion {
         self.span.in_scope(|| {
             tracing::info!(
                 status = self.labels.status,
-                upstream = %self.labels.upstream,
+                upstream = %self.labels.upstream.0,
                 ?elapsed,
                 "request finished"
             );
