@@ -32,6 +32,10 @@ struct Args {
     /// Requests in flight for the maximum-throughput phase.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Run the sidecar on this CPU only (via `taskset`); pin this process and the engine to
+    /// the other CPUs yourself (`taskset -c 0 clawback-bench --sidecar-cpu 1`).
+    #[arg(long)]
+    sidecar_cpu: Option<u32>,
     /// Also write the report to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -47,9 +51,22 @@ impl Drop for Process {
     }
 }
 
-fn spawn(binary: &PathBuf, args: &[&str], banner: &str) -> Result<(Process, String), String> {
+fn spawn(
+    binary: &PathBuf,
+    args: &[&str],
+    banner: &str,
+    cpu: Option<u32>,
+) -> Result<(Process, String), String> {
     use std::io::{BufRead, BufReader};
-    let mut child = Command::new(binary)
+    let mut command = match cpu {
+        Some(cpu) => {
+            let mut taskset = Command::new("taskset");
+            taskset.arg("-c").arg(cpu.to_string()).arg(binary);
+            taskset
+        }
+        None => Command::new(binary),
+    };
+    let mut child = command
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -151,6 +168,7 @@ async fn main() -> Result<(), String> {
         &args.engine,
         &["--listen", "127.0.0.1:0"],
         "mock-upstream listening on ",
+        None,
     )?;
     let (sidecar, sidecar_url) = spawn(
         &args.sidecar,
@@ -166,6 +184,7 @@ async fn main() -> Result<(), String> {
             "limits.max_concurrent_requests=100000",
         ],
         "clawback-sidecar listening on ",
+        args.sidecar_cpu,
     )?;
     let rss = RssSampler::start(sidecar.0.id());
     let client = http_client();
@@ -177,6 +196,13 @@ async fn main() -> Result<(), String> {
     let (direct, via) = (target(&engine_url, false), target(&sidecar_url, false));
 
     let mut report = String::new();
+    if let Some(cpu) = args.sidecar_cpu {
+        report.push_str(&format!(
+            "Sidecar pinned to CPU {cpu}; load generator and engine on the other CPU(s).\n\n"
+        ));
+    } else {
+        report.push_str("Load generator, engine and sidecar share all CPUs (nothing pinned).\n\n");
+    }
     report.push_str(&format!(
         "Non-streaming chat completions, open loop, {}s per phase; latency in ms from the \
          moment each request was due.\n\n",
