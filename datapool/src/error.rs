@@ -76,8 +76,12 @@ pub enum Error {
         live: u64,
     },
 
+    /// Redis was not tried: earlier writes still wait in the spool, and this one must follow them.
+    #[error("queued behind writes that wait in the spool")]
+    QueuedBehindSpool,
+
     /// Both Redis and the spool failed: the write is lost and the caller should count it.
-    #[error("Redis is unreachable ({primary}) and the spool failed too ({spool})")]
+    #[error("Redis could not take the write ({primary}) and the spool failed too ({spool})")]
     SpoolFailed {
         primary: Box<Error>,
         spool: Box<Error>,
@@ -109,6 +113,7 @@ impl Error {
             Error::UnknownTrajectory { .. } => "unknown_trajectory",
             Error::TenantMismatch { .. } => "tenant_mismatch",
             Error::StalePolicyVersion { .. } => "stale_policy_version",
+            Error::QueuedBehindSpool => "queued_behind_spool",
             Error::SpoolFailed { .. } => "spool_failed",
             Error::InvalidRequest(_) => "invalid_request",
             Error::Timeout { .. } => "timeout",
@@ -134,6 +139,12 @@ impl From<redis::RedisError> for Error {
             || err.is_timeout()
             || err.is_cluster_error()
             || err.is_unrecoverable_error()
+            // A Redis still loading its data after a restart, or a cluster failing over, will
+            // answer soon: that is "away", not "refused".
+            || matches!(
+                err.code(),
+                Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
+            )
         {
             Error::RedisUnavailable(err)
         } else {

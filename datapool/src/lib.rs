@@ -10,15 +10,19 @@ pub mod error;
 pub mod example;
 pub mod ids;
 pub mod keys;
+pub mod local_store;
 mod redis_scripts;
 pub mod redis_store;
 pub mod schema;
+pub mod spool;
 pub mod store;
 
 pub use error::{Error, Result};
 pub use ids::{EvaluationId, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
+pub use local_store::LocalStore;
 pub use redis_store::{Caps, RedisConfig, RedisStore};
 pub use schema::*;
+pub use spool::{SpoolConfig, SpoolStats, SpooledStore, WriteOp};
 pub use store::{
     Complete, Completed, Consumer, ConsumerName, DeadLetter, Delivery, DeliveryId, ReadyItem, Store,
 };

@@ -512,18 +512,22 @@ impl Store for RedisStore {
             0 => Completed {
                 newly_finished: false,
                 enqueued: None,
+                deferred: false,
             },
             2 => Completed {
                 newly_finished: true,
                 enqueued: Some(ReadyItem::Trajectory(*traj)),
+                deferred: false,
             },
             3 => Completed {
                 newly_finished: true,
                 enqueued: Some(ReadyItem::Group(gid)),
+                deferred: false,
             },
             _ => Completed {
                 newly_finished: true,
                 enqueued: None,
+                deferred: false,
             },
         })
     }

@@ -155,6 +155,9 @@ pub struct Completed {
     pub newly_finished: bool,
     /// What was enqueued as ready because of it, if anything.
     pub enqueued: Option<ReadyItem>,
+    /// `true` when the completion was spooled ([`crate::SpooledStore`] while Redis is away): it
+    /// takes effect when the spool is replayed, and what it enqueues is not known yet.
+    pub deferred: bool,
 }
 
 /// A unit of ready work.

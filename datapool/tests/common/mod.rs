@@ -110,6 +110,21 @@ impl RedisServer {
         Self::start_with(free_port(), Vec::new())
     }
 
+    /// A server that keeps every acknowledged write on disk in `dir` (append-only file, fsync
+    /// per write), so a killed and restarted server still has what it acknowledged.
+    pub fn start_durable(dir: &Path) -> Self {
+        Self::start_with(free_port(), durable_args(dir))
+    }
+
+    /// A port where no server runs yet; `restart` starts one there.
+    pub fn not_started(dir: &Path) -> Self {
+        RedisServer {
+            port: free_port(),
+            child: None,
+            extra: durable_args(dir),
+        }
+    }
+
     fn start_with(port: u16, extra: Vec<String>) -> Self {
         let mut server = RedisServer {
             port,
@@ -137,8 +152,12 @@ impl RedisServer {
         self.kill();
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--daemonize", "no", "--bind", "127.0.0.1"])
+            .args(if self.extra.iter().any(|a| a == "--appendonly") {
+                &[][..]
+            } else {
+                &["--appendonly", "no"][..]
+            })
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -205,6 +224,19 @@ impl RedisCluster {
     pub fn seeds(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+}
+
+fn durable_args(dir: &Path) -> Vec<String> {
+    [
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dir",
+        &dir.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn cluster_args(conf: &Path, dir: &Path) -> Vec<String> {
