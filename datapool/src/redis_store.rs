@@ -14,7 +14,8 @@
 //!   ([`crate::Store::trajectory`] answers `None`): size the caps so trainers keep up;
 //! - the ready stream is written with `MAXLEN ~ max_ready_entries`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -139,6 +140,8 @@ impl ConnectionLike for Conn {
 pub struct RedisStore {
     conn: Conn,
     caps: Caps,
+    /// Tenants this process already added to `clawback:tenants`.
+    known_tenants: Arc<Mutex<HashSet<TenantId>>>,
 }
 
 impl RedisStore {
@@ -172,6 +175,7 @@ impl RedisStore {
         Ok(RedisStore {
             conn,
             caps: config.caps,
+            known_tenants: Arc::default(),
         })
     }
 
@@ -183,6 +187,67 @@ impl RedisStore {
 
     fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// Appends one tenant's steps in one pipeline, then enforces the tenant's caps.
+    async fn append_tenant_steps(&self, tenant: &TenantId, steps: &[&Step]) -> Result<()> {
+        // Per-trajectory totals, so the counters are bumped once per batch, not once per step.
+        let mut per_traj: Vec<(TrajectoryId, i64, i64)> = Vec::new();
+        let (mut total_steps, mut total_bytes) = (0i64, 0i64);
+        let mut pipe = redis::pipe();
+        for step in steps {
+            let json = encode("step", step)?;
+            let len = json.len() as i64;
+            pipe.cmd("XADD")
+                .arg(keys::steps(tenant, &step.trajectory))
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(self.caps.max_steps_per_trajectory)
+                .arg("*")
+                .arg("id")
+                .arg(step.id.to_string())
+                .arg("json")
+                .arg(json)
+                .ignore();
+            match per_traj.iter_mut().find(|(t, _, _)| *t == step.trajectory) {
+                Some((_, n, b)) => (*n, *b) = (*n + 1, *b + len),
+                None => per_traj.push((step.trajectory, 1, len)),
+            }
+            (total_steps, total_bytes) = (total_steps + 1, total_bytes + len);
+        }
+        for (traj, n, b) in &per_traj {
+            let key = keys::trajectory(tenant, traj);
+            pipe.hincr(&key, "steps", *n).ignore();
+            pipe.hincr(&key, "bytes", *b).ignore();
+            pipe.zadd_nx_member(keys::trajectories(tenant), traj.to_string());
+        }
+        pipe.hincr(keys::usage(tenant), "steps", total_steps);
+        pipe.hincr(keys::usage(tenant), "bytes", total_bytes);
+        let (steps_now, bytes_now): (i64, i64) = pipe.query_async(&mut self.conn()).await?;
+        self.tenant_usage_over_cap(tenant, steps_now, bytes_now)
+            .await
+    }
+
+    /// Adds `tenant` to the index of tenants, once per process and tenant.
+    async fn register_tenant(&self, tenant: &TenantId) -> Result<()> {
+        let known = self
+            .known_tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(tenant);
+        if !known {
+            // Its own command: the index is not on the tenant's slot.
+            let _: i64 = redis::cmd("SADD")
+                .arg(keys::TENANTS)
+                .arg(tenant.as_str())
+                .query_async(&mut self.conn())
+                .await?;
+            self.known_tenants
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(tenant.clone());
+        }
+        Ok(())
     }
 
     async fn tenant_usage_over_cap(&self, tenant: &TenantId, steps: i64, bytes: i64) -> Result<()> {
@@ -363,7 +428,6 @@ impl Store for RedisStore {
         pipe.hset_nx(&key, "status", TrajectoryStatus::Open.as_str())
             .ignore();
         pipe.zadd_nx_member(keys::trajectories(tenant), t.id.to_string());
-        pipe.sadd(keys::TENANTS, tenant.as_str()).ignore();
         if let Some(g) = &t.group {
             pipe.hset_nx(&key, "group", g.id.to_string()).ignore();
             pipe.hset_nx(&key, "group_size", g.size).ignore();
@@ -382,57 +446,13 @@ impl Store for RedisStore {
                 .ignore();
         }
         pipe.query_async::<()>(&mut self.conn()).await?;
-        Ok(())
+        self.register_tenant(tenant).await
     }
 
     async fn append_steps(&self, steps: &[Step]) -> Result<()> {
-        if steps.is_empty() {
-            return Ok(());
-        }
-        // Per trajectory and per tenant totals, in first-seen order, so the counters are bumped
-        // once per batch rather than once per step.
-        let mut per_traj: Vec<((TenantId, TrajectoryId), (i64, i64))> = Vec::new();
-        let mut per_tenant: Vec<(TenantId, (i64, i64))> = Vec::new();
-        let mut pipe = redis::pipe();
-        for step in steps {
-            let json = encode("step", step)?;
-            let len = json.len() as i64;
-            pipe.cmd("XADD")
-                .arg(keys::steps(&step.tenant, &step.trajectory))
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(self.caps.max_steps_per_trajectory)
-                .arg("*")
-                .arg("id")
-                .arg(step.id.to_string())
-                .arg("json")
-                .arg(json)
-                .ignore();
-            let tk = (step.tenant.clone(), step.trajectory);
-            match per_traj.iter_mut().find(|(k, _)| *k == tk) {
-                Some((_, (n, b))) => (*n, *b) = (*n + 1, *b + len),
-                None => per_traj.push((tk, (1, len))),
-            }
-            match per_tenant.iter_mut().find(|(k, _)| *k == step.tenant) {
-                Some((_, (n, b))) => (*n, *b) = (*n + 1, *b + len),
-                None => per_tenant.push((step.tenant.clone(), (1, len))),
-            }
-        }
-        for ((tenant, traj), (n, b)) in &per_traj {
-            let key = keys::trajectory(tenant, traj);
-            pipe.hincr(&key, "steps", *n).ignore();
-            pipe.hincr(&key, "bytes", *b).ignore();
-            pipe.zadd_nx_member(keys::trajectories(tenant), traj.to_string());
-        }
-        for (tenant, (n, b)) in &per_tenant {
-            pipe.hincr(keys::usage(tenant), "steps", *n);
-            pipe.hincr(keys::usage(tenant), "bytes", *b);
-        }
-        let usage: Vec<i64> = pipe.query_async(&mut self.conn()).await?;
-        for ((tenant, _), pair) in per_tenant.iter().zip(usage.chunks(2)) {
-            if let [steps, bytes] = pair {
-                self.tenant_usage_over_cap(tenant, *steps, *bytes).await?;
-            }
+        // One pipeline per tenant: a cluster pipeline must stay on one slot.
+        for (tenant, steps) in by_tenant(steps, |s| &s.tenant) {
+            self.append_tenant_steps(tenant, &steps).await?;
         }
         Ok(())
     }
@@ -454,19 +474,18 @@ impl Store for RedisStore {
     }
 
     async fn append_evaluations(&self, evaluations: &[Evaluation]) -> Result<()> {
-        if evaluations.is_empty() {
-            return Ok(());
+        for (_, evaluations) in by_tenant(evaluations, |e| &e.tenant) {
+            let mut pipe = redis::pipe();
+            for e in evaluations {
+                pipe.cmd("XADD")
+                    .arg(keys::evaluations(&e.tenant, &e.trajectory))
+                    .arg("*")
+                    .arg("json")
+                    .arg(encode("evaluation", e)?)
+                    .ignore();
+            }
+            pipe.query_async::<()>(&mut self.conn()).await?;
         }
-        let mut pipe = redis::pipe();
-        for e in evaluations {
-            pipe.cmd("XADD")
-                .arg(keys::evaluations(&e.tenant, &e.trajectory))
-                .arg("*")
-                .arg("json")
-                .arg(encode("evaluation", e)?)
-                .ignore();
-        }
-        pipe.query_async::<()>(&mut self.conn()).await?;
         Ok(())
     }
 
@@ -878,6 +897,19 @@ impl Store for RedisStore {
         }
         Ok(())
     }
+}
+
+/// `items` grouped by tenant, tenants in first-seen order, items in their order.
+fn by_tenant<T>(items: &[T], tenant_of: impl Fn(&T) -> &TenantId) -> Vec<(&TenantId, Vec<&T>)> {
+    let mut groups: Vec<(&TenantId, Vec<&T>)> = Vec::new();
+    for item in items {
+        let tenant = tenant_of(item);
+        match groups.iter_mut().find(|(t, _)| *t == tenant) {
+            Some((_, v)) => v.push(item),
+            None => groups.push((tenant, vec![item])),
+        }
+    }
+    groups
 }
 
 /// Small pipeline helpers the redis crate has no typed form for.
