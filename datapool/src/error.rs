@@ -2,8 +2,6 @@
 //! what went wrong in the caller's words, and whose [`Error::label`] is a low-cardinality string
 //! for metrics (the recorder counts dropped steps by it).
 
-use std::time::Duration;
-
 /// Everything that can go wrong in the datapool.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -19,7 +17,7 @@ pub enum Error {
     #[error("invalid Redis URL: {0}")]
     InvalidRedisUrl(#[source] redis::RedisError),
 
-    /// Redis could not be reached (refused, dropped, timed out, cluster down). Writes through a
+    /// Redis could not be reached (refused, dropped, timed out, loading, cluster down). Writes through a
     /// [`crate::SpooledStore`] go to the spool instead.
     #[error("Redis is unreachable: {0}")]
     RedisUnavailable(#[source] redis::RedisError),
@@ -90,10 +88,6 @@ pub enum Error {
     /// The call itself is wrong (completing a trajectory as `open`, a zero count, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(&'static str),
-
-    /// An operation did not finish in time.
-    #[error("{what} timed out after {after:?}")]
-    Timeout { what: &'static str, after: Duration },
 }
 
 impl Error {
@@ -116,14 +110,13 @@ impl Error {
             Error::QueuedBehindSpool => "queued_behind_spool",
             Error::SpoolFailed { .. } => "spool_failed",
             Error::InvalidRequest(_) => "invalid_request",
-            Error::Timeout { .. } => "timeout",
         }
     }
 
     /// Whether the failure is the backend being unreachable (worth spooling and retrying), as
     /// opposed to a request that will fail the same way every time.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Error::RedisUnavailable(_) | Error::Timeout { .. })
+        matches!(self, Error::RedisUnavailable(_))
     }
 
     pub(crate) fn codec(what: &'static str, source: serde_json::Error) -> Self {

@@ -6,6 +6,7 @@
 //!   (Redis Streams, one Redis or a cluster), [`LocalStore`] (SQLite: the embedded default and the
 //!   spool) and [`SpooledStore`] (Redis, falling back to a local spool while Redis is away).
 
+mod codec;
 pub mod error;
 pub mod example;
 pub mod ids;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-use serde::de::DeserializeOwned;
 
+use crate::codec::{decode, encode, parse_stored};
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::schema::{
@@ -163,24 +163,6 @@ impl LocalStore {
     }
 }
 
-fn decode<T: DeserializeOwned>(what: &'static str, json: &str) -> Result<T> {
-    serde_json::from_str(json).map_err(|e| Error::codec(what, e))
-}
-
-fn encode<T: serde::Serialize>(what: &'static str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| Error::codec(what, e))
-}
-
-fn parse_id<T: std::str::FromStr>(what: &'static str, s: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    s.parse().map_err(|e: T::Err| Error::UnexpectedReply {
-        what,
-        detail: format!("{s:?}: {e}"),
-    })
-}
-
 /// One row of `trajectories`, laid over its stored JSON as in Redis.
 struct HeaderRow {
     json: String,
@@ -217,7 +199,7 @@ fn trajectory_from_row(row: HeaderRow) -> Result<Trajectory> {
     };
     t.group = match (row.group_id, row.group_size) {
         (Some(g), Some(size)) => Some(GroupMembership {
-            id: parse_id("trajectory group", &g)?,
+            id: parse_stored("trajectory group", &g)?,
             size: size as u32,
         }),
         _ => None,
@@ -417,7 +399,7 @@ impl Store for LocalStore {
                              WHERE tenant = ?1 AND id = ?2",
                             params![tenant, gid, req.at.0 as i64],
                         )?;
-                        let item = ReadyItem::Group(parse_id("group id", &gid)?);
+                        let item = ReadyItem::Group(parse_stored("group id", &gid)?);
                         enqueue(&tx, tenant, item)?;
                         enqueued = Some(item);
                     }
@@ -457,7 +439,7 @@ impl Store for LocalStore {
                      WHERE tenant = ?1 AND id = ?2",
                     params![tenant, gid, now],
                 )?;
-                let group: GroupId = parse_id("group id", &gid)?;
+                let group: GroupId = parse_stored("group id", &gid)?;
                 enqueue(&tx, &tenant, ReadyItem::Group(group))?;
                 settled.push(group);
             }
@@ -725,7 +707,7 @@ impl Store for LocalStore {
                 })?;
                 for row in rows {
                     let (member, done) = row?;
-                    let member: TrajectoryId = parse_id("group member", &member)?;
+                    let member: TrajectoryId = parse_stored("group member", &member)?;
                     members.push(member);
                     if done {
                         finished.push(member);

@@ -55,18 +55,19 @@ return 1
 /// Moves one pending ready entry to the dead letters; only the caller whose XACK took it writes
 /// the dead letter, so racing trainers do not write it twice.
 /// KEYS: ready stream, dead-letter stream. ARGV: consumer group, entry id, last consumer,
-/// deliveries, at ms. Returns 1 when it dead-lettered the entry.
+/// deliveries, at ms. Returns 1 when it dead-lettered the entry, 0 when another caller did or
+/// the entry was trimmed away.
 pub(crate) static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local entry = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+-- An entry trimmed from the stream (MAXLEN) has nothing left to keep: acking it is enough.
+if not entry[1] then return 0 end
 local kind, id = '', ''
-if entry[1] then
-  local f = entry[1][2]
-  for i = 1, #f, 2 do
-    if f[i] == 'kind' then kind = f[i + 1] elseif f[i] == 'id' then id = f[i + 1] end
-  end
+local f = entry[1][2]
+for i = 1, #f, 2 do
+  if f[i] == 'kind' then kind = f[i + 1] elseif f[i] == 'id' then id = f[i + 1] end
 end
 redis.call('XADD', KEYS[2], '*', 'ready_id', ARGV[2], 'kind', kind, 'id', id,
   'deliveries', ARGV[4], 'consumer', ARGV[3], 'dead_at', ARGV[5])

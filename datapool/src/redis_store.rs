@@ -24,9 +24,9 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
-use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
 
+use crate::codec::{decode, encode, parse_stored};
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::keys;
@@ -359,14 +359,6 @@ fn field(entry: &StreamId, name: &str) -> Result<String> {
         })
 }
 
-fn decode<T: DeserializeOwned>(what: &'static str, json: &str) -> Result<T> {
-    serde_json::from_str(json).map_err(|e| Error::codec(what, e))
-}
-
-fn encode<T: serde::Serialize>(what: &'static str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| Error::codec(what, e))
-}
-
 fn ready_item(entry: &StreamId) -> Result<ReadyItem> {
     ReadyItem::parse(&field(entry, "kind")?, &field(entry, "id")?)
 }
@@ -407,10 +399,7 @@ fn trajectory_from_hash(
     };
     t.group = match (fields.get("group"), fields.get("group_size")) {
         (Some(g), Some(size)) => Some(GroupMembership {
-            id: g.parse().map_err(|e| Error::UnexpectedReply {
-                what: "trajectory group",
-                detail: format!("{g:?}: {e}"),
-            })?,
+            id: parse_stored("trajectory group", g)?,
             size: size.parse().unwrap_or(0),
         }),
         _ => None,
@@ -498,10 +487,7 @@ impl Store for RedisStore {
             .query_async(&mut self.conn())
             .await?;
         let group_id: Option<GroupId> = match &group {
-            Some(g) => Some(g.parse().map_err(|e| Error::UnexpectedReply {
-                what: "trajectory group",
-                detail: format!("{g:?}: {e}"),
-            })?),
+            Some(g) => Some(parse_stored("trajectory group", g)?),
             None => None,
         };
         // Without a group the group keys are unused, but a script declares a fixed set of keys;
@@ -778,12 +764,7 @@ impl Store for RedisStore {
         };
         let parse_ids = |ids: Vec<String>| -> Result<Vec<TrajectoryId>> {
             ids.iter()
-                .map(|s| {
-                    s.parse().map_err(|e| Error::UnexpectedReply {
-                        what: "group member",
-                        detail: format!("{s:?}: {e}"),
-                    })
-                })
+                .map(|s| parse_stored("group member", s))
                 .collect()
         };
         let mut finished = parse_ids(finished)?;
