@@ -455,3 +455,65 @@ pub struct TrajectoryRecord {
     pub steps: Vec<Step>,
     pub evaluations: Vec<Evaluation>,
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::example::tool_use_trajectory;
+
+    fn acme() -> TenantId {
+        TenantId::new("acme").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_text_only_step_says_tokens_none_and_carries_no_ids() {
+        let mut step = tool_use_trajectory(acme()).steps.remove(1);
+        step.tokens = Tokens::None;
+        let v = serde_json::to_value(&step).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v["tokens"], json!("none"));
+        assert!(v.get("prompt_token_ids").is_none());
+        assert!(v.get("completion_logprobs").is_none());
+        let back: Step = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, step);
+    }
+
+    #[test]
+    fn a_filter_error_is_an_evaluation_of_kind_filter_error_with_its_reason() {
+        let mut e = tool_use_trajectory(acme()).evaluations.remove(0);
+        e.verdict = Verdict::FilterError {
+            reason: "plugin trapped: fuel exhausted".into(),
+        };
+        let v = serde_json::to_value(&e).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v["kind"], json!("filter_error"));
+        assert_eq!(v["reason"], json!("plugin trapped: fuel exhausted"));
+        assert!(v.get("reward").is_none());
+        assert_eq!(v["source"]["type"], json!("plugin"));
+        let back: Evaluation = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, e);
+    }
+
+    #[test]
+    fn a_side_turn_is_recorded_but_not_trainable_and_old_records_default_to_trainable() {
+        let mut step = tool_use_trajectory(acme()).steps.remove(0);
+        step.trainable = false;
+        let mut v = serde_json::to_value(&step).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v["trainable"], json!(false));
+        if let Some(map) = v.as_object_mut() {
+            map.remove("trainable");
+        }
+        let back: Step = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
+        assert!(back.trainable);
+    }
+
+    #[test]
+    fn records_of_a_newer_schema_are_refused() {
+        assert!(check_version("step", SCHEMA_VERSION).is_ok());
+        let err = check_version("step", SCHEMA_VERSION + 1);
+        assert!(
+            matches!(err, Err(Error::UnsupportedSchema { .. })),
+            "{err:?}"
+        );
+    }
+}

@@ -184,3 +184,37 @@ async fn a_policy_switch_is_published_to_the_tenants_channel() {
     let got: PolicyVersion = serde_json::from_str(&payload).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(got, policy);
 }
+
+#[tokio::test]
+async fn credentials_come_from_the_url() {
+    let server = common::RedisServer::start_with_args(&["--requirepass", "s3cret-pass"]);
+    let with_password = format!("redis://:s3cret-pass@127.0.0.1:{}", server.port);
+    let store = RedisStore::connect(&RedisConfig::single(with_password))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    store
+        .ping()
+        .await
+        .unwrap_or_else(|e| panic!("AUTH from the URL failed: {e}"));
+    let t = fresh_tenant("auth");
+    scenarios::the_live_policy_only_moves_forward(&store, &t).await;
+
+    let wrong = format!("redis://:nope@127.0.0.1:{}", server.port);
+    let refused = match RedisStore::connect(&RedisConfig::single(wrong)).await {
+        Ok(store) => store.ping().await,
+        Err(e) => Err(e),
+    };
+    assert!(refused.is_err(), "a wrong password was accepted");
+}
+
+#[tokio::test]
+async fn a_rediss_url_is_accepted_for_tls() {
+    // Nothing listens there: this checks the TLS scheme is understood (connections are lazy).
+    let config = RedisConfig::single(format!("rediss://127.0.0.1:{}", common::free_port()));
+    let store = RedisStore::connect(&config).await;
+    assert!(
+        store.is_ok(),
+        "rediss:// refused: {:?}",
+        store.err().map(|e| e.to_string())
+    );
+}

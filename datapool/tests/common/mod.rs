@@ -90,11 +90,15 @@ pub fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool)
     }
 }
 
+/// Whether a server answers on `port` (an auth error is an answer too).
 fn ping(port: u16) -> bool {
     Command::new("redis-cli")
         .args(["-p", &port.to_string(), "ping"])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))
+        .map(|o| {
+            let out = String::from_utf8_lossy(&o.stdout);
+            out.contains("PONG") || out.contains("NOAUTH")
+        })
         .unwrap_or(false)
 }
 
@@ -114,6 +118,11 @@ impl RedisServer {
     /// per write), so a killed and restarted server still has what it acknowledged.
     pub fn start_durable(dir: &Path) -> Self {
         Self::start_with(free_port(), durable_args(dir))
+    }
+
+    /// A server started with extra `redis-server` arguments (e.g. `--requirepass`).
+    pub fn start_with_args(args: &[&str]) -> Self {
+        Self::start_with(free_port(), args.iter().map(|a| a.to_string()).collect())
     }
 
     /// A port where no server runs yet; `restart` starts one there.
