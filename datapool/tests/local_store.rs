@@ -208,3 +208,63 @@ async fn a_trainer_process_shares_the_file_with_the_recorder() {
     unacked.sort();
     assert_eq!(back, unacked);
 }
+
+/// Two connections to one file (as two trainer processes would have) reading the ready queue at
+/// the same time never get the same entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_connections_reading_at_once_share_the_queue_without_duplicates() {
+    let (writer, dir) = store();
+    let tenant = fresh_tenant("race");
+    let mut enqueued = Vec::new();
+    for _ in 0..40 {
+        let t = open_trajectory(&tenant);
+        writer
+            .upsert_trajectory(&t)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        writer
+            .complete_trajectory(&Complete::now(
+                tenant.clone(),
+                t.id,
+                CompletionReason::Handshake,
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        enqueued.push(t.id);
+    }
+    let reader = |name: &'static str| {
+        let store = LocalStore::open(dir.path().join("datapool.sqlite"))
+            .unwrap_or_else(|e| panic!("second connection: {e}"));
+        let tenant = tenant.clone();
+        tokio::spawn(async move {
+            let me = consumer(name, Duration::from_secs(600), 5);
+            let mut got = Vec::new();
+            loop {
+                let batch = store
+                    .read_ready(&tenant, &me, 3)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                if batch.is_empty() {
+                    return got;
+                }
+                let ids: Vec<_> = batch.iter().map(|d| d.id.clone()).collect();
+                store
+                    .ack(&tenant, &me.group, &ids)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                got.extend(batch.into_iter().map(|d| d.item));
+            }
+        })
+    };
+    let (a, b) = (reader("a"), reader("b"));
+    let mut all = a.await.unwrap_or_else(|e| panic!("{e}"));
+    all.extend(b.await.unwrap_or_else(|e| panic!("{e}")));
+    let mut all: Vec<String> = all.iter().map(|i| format!("{i:?}")).collect();
+    all.sort();
+    let mut want: Vec<String> = enqueued
+        .iter()
+        .map(|id| format!("{:?}", ReadyItem::Trajectory(*id)))
+        .collect();
+    want.sort();
+    assert_eq!(all, want);
+}
