@@ -1,0 +1,119 @@
+//! The Redis key layout, in one place. Every key of a tenant starts with `clawback:{tenant}:`: the
+//! braces are a Redis Cluster hash tag, so all of a tenant's keys live on one slot and the
+//! multi-key scripts (completion, trimming, policy switch) run atomically there.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `clawback:tenants` | set | every tenant that has data (the only key without a tenant tag) |
+//! | `clawback:{t}:trajs` | zset (score 0, lex order = UUIDv7 time order) | trajectory ids, oldest first |
+//! | `clawback:{t}:traj:{id}` | hash | `json` header, `status`, `completed_at`, `group`, `group_size`, `steps`, `bytes` |
+//! | `clawback:{t}:traj:{id}:steps` | stream | one entry per step: `id`, `json` (`XADD MAXLEN ~`) |
+//! | `clawback:{t}:traj:{id}:next` | hash | step id → `next_state` JSON |
+//! | `clawback:{t}:traj:{id}:evals` | stream | one entry per evaluation: `json` |
+//! | `clawback:{t}:group:{id}` | hash | `size`, `state`, `created_at`, `settled_at` |
+//! | `clawback:{t}:group:{id}:members` | zset (lex) | member trajectory ids |
+//! | `clawback:{t}:group:{id}:finished` | set | members that finished |
+//! | `clawback:{t}:groups:open` | zset (score = created ms) | open groups, for the group timeout sweep |
+//! | `clawback:{t}:usage` | hash | `steps`, `bytes`: what the tenant's caps are checked against |
+//! | `clawback:{t}:ready` | stream | ready work: `kind` (`trajectory`/`group`), `id`; read by consumer groups |
+//! | `clawback:{t}:dead:{consumer group}` | stream | ready entries dead-lettered after too many deliveries |
+//! | `clawback:{t}:policy` | hash | live policy: `version`, `json` |
+//! | `clawback:{t}:policy:changed` | pub/sub channel | the new policy JSON, published on every switch |
+
+use crate::ids::{GroupId, TenantId, TrajectoryId};
+
+/// The set of tenants with data. Not tenant-tagged: it is the index across tenants.
+pub const TENANTS: &str = "clawback:tenants";
+
+/// The key prefix of one tenant, hash tag included.
+pub fn tenant_prefix(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:")
+}
+
+pub fn trajectories(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:trajs")
+}
+
+pub fn trajectory(tenant: &TenantId, id: &TrajectoryId) -> String {
+    format!("clawback:{{{tenant}}}:traj:{id}")
+}
+
+pub fn steps(tenant: &TenantId, id: &TrajectoryId) -> String {
+    format!("clawback:{{{tenant}}}:traj:{id}:steps")
+}
+
+pub fn next_states(tenant: &TenantId, id: &TrajectoryId) -> String {
+    format!("clawback:{{{tenant}}}:traj:{id}:next")
+}
+
+pub fn evaluations(tenant: &TenantId, id: &TrajectoryId) -> String {
+    format!("clawback:{{{tenant}}}:traj:{id}:evals")
+}
+
+pub fn group(tenant: &TenantId, id: &GroupId) -> String {
+    format!("clawback:{{{tenant}}}:group:{id}")
+}
+
+pub fn group_members(tenant: &TenantId, id: &GroupId) -> String {
+    format!("clawback:{{{tenant}}}:group:{id}:members")
+}
+
+pub fn group_finished(tenant: &TenantId, id: &GroupId) -> String {
+    format!("clawback:{{{tenant}}}:group:{id}:finished")
+}
+
+pub fn open_groups(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:groups:open")
+}
+
+pub fn usage(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:usage")
+}
+
+pub fn ready(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:ready")
+}
+
+pub fn dead_letters(tenant: &TenantId, consumer_group: &str) -> String {
+    format!("clawback:{{{tenant}}}:dead:{consumer_group}")
+}
+
+pub fn policy(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:policy")
+}
+
+/// The pub/sub channel the sidecars listen on to switch a tenant's routing to a new adapter.
+pub fn policy_changed(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:policy:changed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tenant_key_carries_the_tenant_hash_tag() {
+        let t = TenantId::new("acme").unwrap_or_else(|e| panic!("{e}"));
+        let tr = TrajectoryId::new();
+        let g = GroupId::new();
+        for key in [
+            trajectories(&t),
+            trajectory(&t, &tr),
+            steps(&t, &tr),
+            next_states(&t, &tr),
+            evaluations(&t, &tr),
+            group(&t, &g),
+            group_members(&t, &g),
+            group_finished(&t, &g),
+            open_groups(&t),
+            usage(&t),
+            ready(&t),
+            dead_letters(&t, "trainers"),
+            policy(&t),
+            policy_changed(&t),
+        ] {
+            assert!(key.starts_with(&tenant_prefix(&t)), "{key}");
+            assert!(key.starts_with("clawback:{acme}:"), "{key}");
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! clawback's datapool: the trajectory schema every process shares, and the stores that keep it.
+//!
+//! - [`schema`]: [`Trajectory`], [`Step`], [`Evaluation`], [`Group`], [`PolicyVersion`] (see
+//!   `SCHEMA.md`);
+//! - [`Store`]: what the recorder writes and the trainer reads, implemented by [`RedisStore`]
+//!   (Redis Streams, one Redis or a cluster), [`LocalStore`] (SQLite: the embedded default and the
+//!   spool) and [`SpooledStore`] (Redis, falling back to a local spool while Redis is away).
+
+mod codec;
+pub mod error;
+pub mod example;
+pub mod ids;
+pub mod keys;
+pub mod local_store;
+mod redis_scripts;
+pub mod redis_store;
+pub mod schema;
+pub mod spool;
+pub mod store;
+
+pub use error::{Error, Result};
+pub use ids::{EvaluationId, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
+pub use local_store::LocalStore;
+pub use redis_store::{Caps, RedisConfig, RedisStore};
+pub use schema::*;
+pub use spool::{SpoolConfig, SpoolStats, SpooledStore, WriteOp};
+pub use store::{
+    Complete, Completed, Consumer, ConsumerName, DeadLetter, Delivery, DeliveryId, ReadyItem, Store,
+};

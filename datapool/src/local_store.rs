@@ -1,0 +1,830 @@
+//! [`LocalStore`]: the datapool in one SQLite file. The embedded default when no Redis is
+//! configured, with the same semantics as Redis (ready queue, consumer groups, ack, redelivery
+//! after an idle time, dead letters), and the durable spool of [`crate::SpooledStore`].
+//!
+//! The file is opened in WAL mode with a busy timeout, so a trainer process on the same machine
+//! can open it too: readers never block the writer, and the ready queue is claimed inside
+//! `BEGIN IMMEDIATE` transactions, so two processes never get the same new entry.
+//! Per-tenant caps are not enforced here: the embedded store is bounded by its disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::codec::{decode, encode, parse_stored};
+use crate::error::{Error, Result};
+use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
+use crate::schema::{
+    check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
+    PolicyVersion, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
+};
+use crate::store::{
+    Complete, Completed, Consumer, ConsumerName, DeadLetter, Delivery, DeliveryId, ReadyItem, Store,
+};
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tenants (tenant TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS trajectories (
+    tenant TEXT NOT NULL, id TEXT NOT NULL, json TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'open', completed_at INTEGER, completion TEXT,
+    group_id TEXT, group_size INTEGER,
+    PRIMARY KEY (tenant, id));
+CREATE TABLE IF NOT EXISTS steps (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, trajectory TEXT NOT NULL,
+    step_id TEXT NOT NULL, json TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS steps_of_trajectory ON steps (tenant, trajectory, seq);
+CREATE TABLE IF NOT EXISTS next_states (
+    tenant TEXT NOT NULL, trajectory TEXT NOT NULL, step_id TEXT NOT NULL, json TEXT NOT NULL,
+    PRIMARY KEY (tenant, trajectory, step_id));
+CREATE TABLE IF NOT EXISTS evaluations (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, trajectory TEXT NOT NULL,
+    json TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS evaluations_of_trajectory ON evaluations (tenant, trajectory, seq);
+CREATE TABLE IF NOT EXISTS groups (
+    tenant TEXT NOT NULL, id TEXT NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL,
+    created_at INTEGER NOT NULL, settled_at INTEGER,
+    PRIMARY KEY (tenant, id));
+CREATE INDEX IF NOT EXISTS open_groups ON groups (tenant, state, created_at);
+CREATE TABLE IF NOT EXISTS group_members (
+    tenant TEXT NOT NULL, group_id TEXT NOT NULL, trajectory TEXT NOT NULL,
+    finished INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, group_id, trajectory));
+CREATE TABLE IF NOT EXISTS ready (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, kind TEXT NOT NULL,
+    item TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS ready_of_tenant ON ready (tenant, seq);
+CREATE TABLE IF NOT EXISTS consumer_groups (
+    tenant TEXT NOT NULL, name TEXT NOT NULL, last_seq INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, name));
+CREATE TABLE IF NOT EXISTS pending (
+    tenant TEXT NOT NULL, consumer_group TEXT NOT NULL, seq INTEGER NOT NULL,
+    consumer TEXT NOT NULL, delivered_at INTEGER NOT NULL, deliveries INTEGER NOT NULL,
+    PRIMARY KEY (tenant, consumer_group, seq));
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, consumer_group TEXT NOT NULL,
+    seq INTEGER NOT NULL, kind TEXT NOT NULL, item TEXT NOT NULL, deliveries INTEGER NOT NULL,
+    consumer TEXT NOT NULL, dead_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS policies (
+    tenant TEXT PRIMARY KEY, version INTEGER NOT NULL, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL);
+"#;
+
+/// The datapool in a SQLite file. Cheap to clone; clones share one connection, and every call
+/// runs on tokio's blocking pool so SQLite never stalls the async workers.
+#[derive(Clone)]
+pub struct LocalStore {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+impl LocalStore {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let conn = Connection::open(&path)?;
+        // WAL: a trainer process can read while the sidecar writes. The busy timeout lets two
+        // processes take turns on the write lock instead of failing with SQLITE_BUSY.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(LocalStore {
+            conn: Arc::new(Mutex::new(conn)),
+            path,
+        })
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` with the connection on the blocking pool.
+    async fn with<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock leaves SQLite itself consistent (transactions roll
+            // back on drop), so a poisoned lock is safe to take over.
+            let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut guard)
+        })
+        .await?
+    }
+
+    /// Appends operations to the spool, in order.
+    pub(crate) async fn spool_push(&self, ops: Vec<String>) -> Result<()> {
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut insert = tx.prepare_cached("INSERT INTO spool (op) VALUES (?1)")?;
+                for op in &ops {
+                    insert.execute([op])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The oldest `limit` spooled operations with their sequence numbers.
+    pub(crate) async fn spool_peek(&self, limit: usize) -> Result<Vec<(i64, String)>> {
+        self.with(move |c| {
+            let mut q = c.prepare_cached("SELECT seq, op FROM spool ORDER BY seq LIMIT ?1")?;
+            let rows = q.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    /// Forgets spooled operations up to and including `seq` (they reached Redis).
+    pub(crate) async fn spool_remove_through(&self, seq: i64) -> Result<()> {
+        self.with(move |c| {
+            c.execute("DELETE FROM spool WHERE seq <= ?1", [seq])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// How many operations wait in the spool.
+    pub async fn spool_len(&self) -> Result<u64> {
+        self.with(|c| {
+            let n: i64 = c.query_row("SELECT COUNT(*) FROM spool", [], |r| r.get(0))?;
+            Ok(n as u64)
+        })
+        .await
+    }
+}
+
+/// One row of `trajectories`, laid over its stored JSON as in Redis.
+struct HeaderRow {
+    json: String,
+    status: String,
+    completed_at: Option<i64>,
+    completion: Option<String>,
+    group_id: Option<String>,
+    group_size: Option<i64>,
+}
+
+const HEADER_COLUMNS: &str = "json, status, completed_at, completion, group_id, group_size";
+
+fn header_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<HeaderRow> {
+    Ok(HeaderRow {
+        json: r.get(0)?,
+        status: r.get(1)?,
+        completed_at: r.get(2)?,
+        completion: r.get(3)?,
+        group_id: r.get(4)?,
+        group_size: r.get(5)?,
+    })
+}
+
+fn trajectory_from_row(row: HeaderRow) -> Result<Trajectory> {
+    let mut t: Trajectory = decode("trajectory", &row.json)?;
+    check_version("trajectory", t.schema_version)?;
+    if let Some(s) = TrajectoryStatus::parse(&row.status) {
+        t.status = s;
+    }
+    t.completed_at = row.completed_at.map(|ms| UnixMs(ms as u64));
+    t.completion = match row.completion {
+        Some(c) => Some(decode::<CompletionReason>("completion reason", &c)?),
+        None => None,
+    };
+    t.group = match (row.group_id, row.group_size) {
+        (Some(g), Some(size)) => Some(GroupMembership {
+            id: parse_stored("trajectory group", &g)?,
+            size: size as u32,
+        }),
+        _ => None,
+    };
+    Ok(t)
+}
+
+fn enqueue(tx: &rusqlite::Transaction<'_>, tenant: &str, item: ReadyItem) -> Result<()> {
+    tx.execute(
+        "INSERT INTO ready (tenant, kind, item) VALUES (?1, ?2, ?3)",
+        params![tenant, item.kind(), item.id_string()],
+    )?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for LocalStore {
+    async fn upsert_trajectory(&self, t: &Trajectory) -> Result<()> {
+        let json = encode("trajectory", t)?;
+        let t = t.clone();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let tenant = t.tenant.as_str();
+            let id = t.id.to_string();
+            tx.execute(
+                "INSERT OR IGNORE INTO tenants (tenant) VALUES (?1)",
+                [tenant],
+            )?;
+            tx.execute(
+                "INSERT INTO trajectories (tenant, id, json, group_id, group_size)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (tenant, id) DO UPDATE SET json = excluded.json",
+                params![
+                    tenant,
+                    id,
+                    json,
+                    t.group.map(|g| g.id.to_string()),
+                    t.group.map(|g| g.size)
+                ],
+            )?;
+            if let Some(g) = t.group {
+                let gid = g.id.to_string();
+                tx.execute(
+                    "INSERT OR IGNORE INTO groups (tenant, id, size, state, created_at)
+                     VALUES (?1, ?2, ?3, 'open', ?4)",
+                    params![tenant, gid, g.size, t.created_at.0 as i64],
+                )?;
+                tx.execute(
+                    "INSERT OR IGNORE INTO group_members (tenant, group_id, trajectory)
+                     VALUES (?1, ?2, ?3)",
+                    params![tenant, gid, id],
+                )?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn append_steps(&self, steps: &[Step]) -> Result<()> {
+        let rows = steps
+            .iter()
+            .map(|s| {
+                Ok((
+                    s.tenant.to_string(),
+                    s.trajectory.to_string(),
+                    s.id.to_string(),
+                    encode("step", s)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO steps (tenant, trajectory, step_id, json) VALUES (?1, ?2, ?3, ?4)",
+                )?;
+                for (tenant, traj, id, json) in &rows {
+                    insert.execute(params![tenant, traj, id, json])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_next_state(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+        step: &StepId,
+        next_state: &NextState,
+    ) -> Result<()> {
+        let row = (
+            tenant.to_string(),
+            trajectory.to_string(),
+            step.to_string(),
+            encode("next state", next_state)?,
+        );
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO next_states (tenant, trajectory, step_id, json) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (tenant, trajectory, step_id) DO UPDATE SET json = excluded.json",
+                params![row.0, row.1, row.2, row.3],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn append_evaluations(&self, evaluations: &[Evaluation]) -> Result<()> {
+        let rows = evaluations
+            .iter()
+            .map(|e| {
+                Ok((
+                    e.tenant.to_string(),
+                    e.trajectory.to_string(),
+                    encode("evaluation", e)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO evaluations (tenant, trajectory, json) VALUES (?1, ?2, ?3)",
+                )?;
+                for (tenant, traj, json) in &rows {
+                    insert.execute(params![tenant, traj, json])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn complete_trajectory(&self, req: &Complete) -> Result<Completed> {
+        let status = req.finished_status()?;
+        let completion = encode("completion reason", &req.reason)?;
+        let req = req.clone();
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tenant = req.tenant.as_str();
+            let id = req.trajectory.to_string();
+            let row: Option<(String, Option<String>)> = tx
+                .query_row(
+                    "SELECT status, group_id FROM trajectories WHERE tenant = ?1 AND id = ?2",
+                    [tenant, &id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let Some((current, group)) = row else {
+                return Err(Error::UnknownTrajectory {
+                    tenant: tenant.into(),
+                    trajectory: id,
+                });
+            };
+            if current != TrajectoryStatus::Open.as_str() {
+                return Ok(Completed {
+                    newly_finished: false,
+                    enqueued: None,
+                    deferred: false,
+                });
+            }
+            tx.execute(
+                "UPDATE trajectories SET status = ?3, completed_at = ?4, completion = ?5
+                 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, id, status.as_str(), req.at.0 as i64, completion],
+            )?;
+            let mut enqueued = None;
+            match group {
+                None if status == TrajectoryStatus::Completed => {
+                    let item = ReadyItem::Trajectory(req.trajectory);
+                    enqueue(&tx, tenant, item)?;
+                    enqueued = Some(item);
+                }
+                None => {}
+                Some(gid) => {
+                    tx.execute(
+                        "UPDATE group_members SET finished = 1
+                         WHERE tenant = ?1 AND group_id = ?2 AND trajectory = ?3",
+                        [tenant, &gid, &id],
+                    )?;
+                    let (state, size, finished): (String, i64, i64) = tx.query_row(
+                        "SELECT g.state, g.size,
+                                (SELECT COUNT(*) FROM group_members m
+                                 WHERE m.tenant = g.tenant AND m.group_id = g.id AND m.finished = 1)
+                         FROM groups g WHERE g.tenant = ?1 AND g.id = ?2",
+                        [tenant, &gid],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    )?;
+                    if state == GroupState::Open.as_str() && finished >= size {
+                        tx.execute(
+                            "UPDATE groups SET state = 'ready', settled_at = ?3
+                             WHERE tenant = ?1 AND id = ?2",
+                            params![tenant, gid, req.at.0 as i64],
+                        )?;
+                        let item = ReadyItem::Group(parse_stored("group id", &gid)?);
+                        enqueue(&tx, tenant, item)?;
+                        enqueued = Some(item);
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(Completed {
+                newly_finished: true,
+                enqueued,
+                deferred: false,
+            })
+        })
+        .await
+    }
+
+    async fn expire_groups(
+        &self,
+        tenant: &TenantId,
+        created_before: UnixMs,
+    ) -> Result<Vec<GroupId>> {
+        let tenant = tenant.to_string();
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let due: Vec<String> = {
+                let mut q = tx.prepare_cached(
+                    "SELECT id FROM groups WHERE tenant = ?1 AND state = 'open' AND created_at < ?2
+                     ORDER BY created_at",
+                )?;
+                let rows = q.query_map(params![tenant, created_before.0 as i64], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            let now = UnixMs::now().0 as i64;
+            let mut settled = Vec::with_capacity(due.len());
+            for gid in due {
+                tx.execute(
+                    "UPDATE groups SET state = 'partial', settled_at = ?3
+                     WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, gid, now],
+                )?;
+                let group: GroupId = parse_stored("group id", &gid)?;
+                enqueue(&tx, &tenant, ReadyItem::Group(group))?;
+                settled.push(group);
+            }
+            tx.commit()?;
+            Ok(settled)
+        })
+        .await
+    }
+
+    async fn read_ready(
+        &self,
+        tenant: &TenantId,
+        consumer: &Consumer,
+        count: usize,
+    ) -> Result<Vec<Delivery>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let tenant = tenant.to_string();
+        let consumer = consumer.clone();
+        self.with(move |c| {
+            // IMMEDIATE: the write lock is taken up front, so two processes reading the queue at
+            // once are serialised here instead of both handing out the same entries.
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let group = consumer.group.as_str();
+            let now = UnixMs::now().0 as i64;
+            tx.execute(
+                "INSERT OR IGNORE INTO consumer_groups (tenant, name) VALUES (?1, ?2)",
+                [&tenant, group],
+            )?;
+            let mut out = Vec::new();
+
+            // 1. Entries idle too long: dead-letter the ones delivered too often, take over the rest.
+            let stale: Vec<(i64, String, i64, String, String)> = {
+                let mut q = tx.prepare_cached(
+                    "SELECT p.seq, p.consumer, p.deliveries, r.kind, r.item
+                     FROM pending p JOIN ready r ON r.seq = p.seq
+                     WHERE p.tenant = ?1 AND p.consumer_group = ?2 AND p.delivered_at <= ?3
+                     ORDER BY p.seq LIMIT ?4",
+                )?;
+                let idle_before = now - consumer.claim_idle.as_millis() as i64;
+                let rows = q.query_map(
+                    params![tenant, group, idle_before, count as i64],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                )?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for (seq, last_consumer, deliveries, kind, item) in stale {
+                if deliveries >= i64::from(consumer.max_deliveries) {
+                    tx.execute(
+                        "INSERT INTO dead_letters
+                         (tenant, consumer_group, seq, kind, item, deliveries, consumer, dead_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        params![tenant, group, seq, kind, item, deliveries, last_consumer, now],
+                    )?;
+                    tx.execute(
+                        "DELETE FROM pending WHERE tenant = ?1 AND consumer_group = ?2 AND seq = ?3",
+                        params![tenant, group, seq],
+                    )?;
+                    tracing::warn!(%tenant, consumer_group = group, seq, deliveries, "dead-lettered a ready entry");
+                    continue;
+                }
+                tx.execute(
+                    "UPDATE pending SET consumer = ?4, delivered_at = ?5, deliveries = deliveries + 1
+                     WHERE tenant = ?1 AND consumer_group = ?2 AND seq = ?3",
+                    params![tenant, group, seq, consumer.name.as_str(), now],
+                )?;
+                out.push(Delivery {
+                    id: DeliveryId(seq.to_string()),
+                    item: ReadyItem::parse(&kind, &item)?,
+                    deliveries: deliveries as u32 + 1,
+                });
+            }
+
+            // 2. New entries past the group's cursor.
+            let remaining = count.saturating_sub(out.len());
+            if remaining > 0 {
+                let fresh: Vec<(i64, String, String)> = {
+                    let mut q = tx.prepare_cached(
+                        "SELECT seq, kind, item FROM ready
+                         WHERE tenant = ?1 AND seq > (SELECT last_seq FROM consumer_groups
+                                                      WHERE tenant = ?1 AND name = ?2)
+                         ORDER BY seq LIMIT ?3",
+                    )?;
+                    let rows = q.query_map(params![tenant, group, remaining as i64], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    })?;
+                    rows.collect::<rusqlite::Result<_>>()?
+                };
+                for (seq, kind, item) in fresh {
+                    tx.execute(
+                        "INSERT INTO pending (tenant, consumer_group, seq, consumer, delivered_at, deliveries)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+                        params![tenant, group, seq, consumer.name.as_str(), now],
+                    )?;
+                    tx.execute(
+                        "UPDATE consumer_groups SET last_seq = ?3 WHERE tenant = ?1 AND name = ?2",
+                        params![tenant, group, seq],
+                    )?;
+                    out.push(Delivery {
+                        id: DeliveryId(seq.to_string()),
+                        item: ReadyItem::parse(&kind, &item)?,
+                        deliveries: 1,
+                    });
+                }
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn ack(
+        &self,
+        tenant: &TenantId,
+        consumer_group: &ConsumerName,
+        deliveries: &[DeliveryId],
+    ) -> Result<()> {
+        let tenant = tenant.to_string();
+        let group = consumer_group.to_string();
+        // Ids that are not ours (not a number) cannot be pending here: nothing to ack.
+        let seqs: Vec<i64> = deliveries.iter().filter_map(|d| d.0.parse().ok()).collect();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut del = tx.prepare_cached(
+                    "DELETE FROM pending WHERE tenant = ?1 AND consumer_group = ?2 AND seq = ?3",
+                )?;
+                for seq in seqs {
+                    del.execute(params![tenant, group, seq])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn dead_letters(
+        &self,
+        tenant: &TenantId,
+        consumer_group: &ConsumerName,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
+        let tenant = tenant.to_string();
+        let group = consumer_group.to_string();
+        self.with(move |c| {
+            let mut q = c.prepare_cached(
+                "SELECT seq, kind, item, deliveries, consumer, dead_at FROM dead_letters
+                 WHERE tenant = ?1 AND consumer_group = ?2 ORDER BY id LIMIT ?3",
+            )?;
+            let rows = q.query_map(params![tenant, group, limit as i64], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (seq, kind, item, deliveries, consumer, dead_at) = row?;
+                out.push(DeadLetter {
+                    id: DeliveryId(seq.to_string()),
+                    item: ReadyItem::parse(&kind, &item)?,
+                    deliveries: deliveries as u32,
+                    last_consumer: consumer,
+                    dead_at: UnixMs(dead_at as u64),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn trajectory(
+        &self,
+        tenant: &TenantId,
+        id: &TrajectoryId,
+    ) -> Result<Option<TrajectoryRecord>> {
+        let tenant = tenant.to_string();
+        let id = id.to_string();
+        self.with(move |c| {
+            // One read transaction: a consistent snapshot of header, steps and evaluations.
+            let tx = c.transaction()?;
+            let row = tx
+                .query_row(
+                    &format!("SELECT {HEADER_COLUMNS} FROM trajectories WHERE tenant = ?1 AND id = ?2"),
+                    [&tenant, &id],
+                    header_row,
+                )
+                .optional()?;
+            let Some(row) = row else { return Ok(None) };
+            let trajectory = trajectory_from_row(row)?;
+            let mut steps = Vec::new();
+            {
+                let mut q = tx.prepare_cached(
+                    "SELECT s.json, n.json FROM steps s
+                     LEFT JOIN next_states n
+                       ON n.tenant = s.tenant AND n.trajectory = s.trajectory AND n.step_id = s.step_id
+                     WHERE s.tenant = ?1 AND s.trajectory = ?2 ORDER BY s.seq",
+                )?;
+                let rows = q.query_map([&tenant, &id], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+                })?;
+                for row in rows {
+                    let (json, next) = row?;
+                    let mut step: Step = decode("step", &json)?;
+                    check_version("step", step.schema_version)?;
+                    if let Some(n) = next {
+                        step.next_state = Some(decode("next state", &n)?);
+                    }
+                    steps.push(step);
+                }
+            }
+            let mut evaluations = Vec::new();
+            {
+                let mut q = tx.prepare_cached(
+                    "SELECT json FROM evaluations WHERE tenant = ?1 AND trajectory = ?2 ORDER BY seq",
+                )?;
+                let rows = q.query_map([&tenant, &id], |r| r.get::<_, String>(0))?;
+                for row in rows {
+                    let e: Evaluation = decode("evaluation", &row?)?;
+                    check_version("evaluation", e.schema_version)?;
+                    evaluations.push(e);
+                }
+            }
+            Ok(Some(TrajectoryRecord {
+                trajectory,
+                steps,
+                evaluations,
+            }))
+        })
+        .await
+    }
+
+    async fn group(&self, tenant: &TenantId, id: &GroupId) -> Result<Option<Group>> {
+        let tenant_id = tenant.clone();
+        let tenant = tenant.to_string();
+        let gid = *id;
+        let id = id.to_string();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let row: Option<(i64, String, i64, Option<i64>)> = tx
+                .query_row(
+                    "SELECT size, state, created_at, settled_at FROM groups
+                     WHERE tenant = ?1 AND id = ?2",
+                    [&tenant, &id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+                .optional()?;
+            let Some((size, state, created_at, settled_at)) = row else {
+                return Ok(None);
+            };
+            let (mut members, mut finished) = (Vec::new(), Vec::new());
+            {
+                let mut q = tx.prepare_cached(
+                    "SELECT trajectory, finished FROM group_members
+                     WHERE tenant = ?1 AND group_id = ?2 ORDER BY trajectory",
+                )?;
+                let rows = q.query_map([&tenant, &id], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
+                })?;
+                for row in rows {
+                    let (member, done) = row?;
+                    let member: TrajectoryId = parse_stored("group member", &member)?;
+                    members.push(member);
+                    if done {
+                        finished.push(member);
+                    }
+                }
+            }
+            Ok(Some(Group {
+                id: gid,
+                tenant: tenant_id,
+                size: size as u32,
+                members,
+                finished,
+                state: GroupState::parse(&state).ok_or_else(|| Error::UnexpectedReply {
+                    what: "group state",
+                    detail: state.clone(),
+                })?,
+                created_at: UnixMs(created_at as u64),
+                settled_at: settled_at.map(|ms| UnixMs(ms as u64)),
+            }))
+        })
+        .await
+    }
+
+    async fn list_trajectories(
+        &self,
+        tenant: &TenantId,
+        after: Option<&TrajectoryId>,
+        limit: usize,
+    ) -> Result<Vec<Trajectory>> {
+        let tenant = tenant.to_string();
+        // "" sorts before every id: no cursor means from the start.
+        let after = after.map(ToString::to_string).unwrap_or_default();
+        self.with(move |c| {
+            let mut q = c.prepare_cached(&format!(
+                "SELECT {HEADER_COLUMNS} FROM trajectories
+                 WHERE tenant = ?1 AND id > ?2 ORDER BY id LIMIT ?3"
+            ))?;
+            let rows = q.query_map(params![tenant, after, limit as i64], header_row)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(trajectory_from_row(row?)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantId>> {
+        self.with(|c| {
+            let mut q = c.prepare_cached("SELECT tenant FROM tenants ORDER BY tenant")?;
+            let rows = q.query_map([], |r| r.get::<_, String>(0))?;
+            let mut out = Vec::new();
+            for row in rows {
+                if let Ok(t) = TenantId::new(row?) {
+                    out.push(t);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn policy_version(&self, tenant: &TenantId) -> Result<Option<PolicyVersion>> {
+        let tenant = tenant.to_string();
+        self.with(move |c| {
+            let json: Option<String> = c
+                .query_row(
+                    "SELECT json FROM policies WHERE tenant = ?1",
+                    [&tenant],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match json {
+                Some(j) => {
+                    let p: PolicyVersion = decode("policy version", &j)?;
+                    check_version("policy version", p.schema_version)?;
+                    Ok(Some(p))
+                }
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// There is no pub/sub here: routers of an embedded store poll [`Store::policy_version`].
+    async fn set_policy_version(&self, policy: &PolicyVersion) -> Result<()> {
+        let json = encode("policy version", policy)?;
+        let policy = policy.clone();
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tenant = policy.tenant.as_str();
+            let live: Option<i64> = tx
+                .query_row(
+                    "SELECT version FROM policies WHERE tenant = ?1",
+                    [tenant],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match live {
+                Some(v) if v as u64 > policy.version => {
+                    return Err(Error::StalePolicyVersion {
+                        tenant: tenant.into(),
+                        attempted: policy.version,
+                        live: v as u64,
+                    })
+                }
+                Some(v) if v as u64 == policy.version => return Ok(()),
+                _ => {}
+            }
+            tx.execute(
+                "INSERT INTO policies (tenant, version, json) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (tenant) DO UPDATE SET version = excluded.version, json = excluded.json",
+                params![tenant, policy.version as i64, json],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,539 @@
+//! Behaviour every [`Store`] must show, written once and run against each store: one Redis, a
+//! Redis Cluster, SQLite. Each scenario gets its own tenant(s).
+
+use std::time::{Duration, Instant};
+
+use clawback_datapool::example::tool_use_trajectory;
+use clawback_datapool::{
+    Complete, CompletionReason, Consumer, ConsumerName, Delivery, Error, GroupId, GroupState,
+    NextState, PolicyVersion, ReadyItem, Store, TenantId, TrajectoryId, TrajectoryStatus, UnixMs,
+};
+
+use super::{open_trajectory, step_of};
+
+fn name(s: &str) -> ConsumerName {
+    ConsumerName::new(s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A consumer of the `trainers` group that takes over entries idle for `claim_idle`.
+pub fn consumer(member: &str, claim_idle: Duration, max_deliveries: u32) -> Consumer {
+    Consumer {
+        claim_idle,
+        max_deliveries,
+        ..Consumer::new(name("trainers"), name(member))
+    }
+}
+
+/// Reads until at least `n` deliveries came or `within` passed (redelivery waits on idle time,
+/// so tests poll with a generous bound instead of sleeping a tight margin).
+pub async fn read_at_least(
+    store: &dyn Store,
+    tenant: &TenantId,
+    consumer: &Consumer,
+    n: usize,
+    within: Duration,
+) -> Vec<Delivery> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < n {
+        let batch = store
+            .read_ready(tenant, consumer, n - got.len())
+            .await
+            .unwrap_or_else(|e| panic!("read_ready: {e}"));
+        got.extend(batch);
+        if got.len() >= n {
+            break;
+        }
+        assert!(
+            start.elapsed() < within,
+            "only {} of {n} deliveries within {within:?}",
+            got.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    got
+}
+
+async fn complete(
+    store: &dyn Store,
+    tenant: &TenantId,
+    id: TrajectoryId,
+) -> clawback_datapool::Completed {
+    store
+        .complete_trajectory(&Complete::now(
+            tenant.clone(),
+            id,
+            CompletionReason::Handshake,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("complete: {e}"))
+}
+
+/// The SCHEMA.md example, written piece by piece as the recorder would, reads back equal.
+pub async fn a_recorded_trajectory_reads_back_as_written(store: &dyn Store, tenant: &TenantId) {
+    let expected = tool_use_trajectory(tenant.clone());
+    let mut header = expected.trajectory.clone();
+    header.status = TrajectoryStatus::Open;
+    header.completed_at = None;
+    header.completion = None;
+    store
+        .upsert_trajectory(&header)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+
+    let mut steps = expected.steps.clone();
+    let next_states: Vec<_> = steps.iter_mut().map(|s| s.next_state.take()).collect();
+    store
+        .append_steps(&steps)
+        .await
+        .unwrap_or_else(|e| panic!("append: {e}"));
+    for (step, next) in steps.iter().zip(next_states) {
+        let next = next.unwrap_or_else(|| panic!("the example has next states"));
+        store
+            .set_next_state(tenant, &header.id, &step.id, &next)
+            .await
+            .unwrap_or_else(|e| panic!("next state: {e}"));
+    }
+    store
+        .append_evaluations(&expected.evaluations)
+        .await
+        .unwrap_or_else(|e| panic!("evaluations: {e}"));
+    let done = store
+        .complete_trajectory(&Complete {
+            tenant: tenant.clone(),
+            trajectory: header.id,
+            status: TrajectoryStatus::Completed,
+            reason: CompletionReason::Handshake,
+            at: expected.trajectory.completed_at.unwrap_or_default(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("complete: {e}"));
+    assert!(done.newly_finished);
+    assert_eq!(done.enqueued, Some(ReadyItem::Trajectory(header.id)));
+
+    let got = store
+        .trajectory(tenant, &header.id)
+        .await
+        .unwrap_or_else(|e| panic!("fetch: {e}"))
+        .unwrap_or_else(|| panic!("the trajectory is there"));
+    assert_eq!(got, expected);
+
+    // A second done signal changes nothing and enqueues nothing.
+    let again = complete(store, tenant, header.id).await;
+    assert!(!again.newly_finished);
+    assert_eq!(again.enqueued, None);
+    assert!(store.tenants().await.unwrap_or_default().contains(tenant));
+}
+
+/// Steps appended in batches over several trajectories keep their order per trajectory.
+pub async fn batched_steps_keep_their_order(store: &dyn Store, tenant: &TenantId) {
+    let a = open_trajectory(tenant);
+    let b = open_trajectory(tenant);
+    for t in [&a, &b] {
+        store
+            .upsert_trajectory(t)
+            .await
+            .unwrap_or_else(|e| panic!("upsert: {e}"));
+    }
+    for batch in 0..4u32 {
+        let steps: Vec<_> = (0..5u32)
+            .flat_map(|i| {
+                let index = batch * 5 + i;
+                [
+                    step_of(tenant, &a.id, index, 512),
+                    step_of(tenant, &b.id, index, 512),
+                ]
+            })
+            .collect();
+        store
+            .append_steps(&steps)
+            .await
+            .unwrap_or_else(|e| panic!("append: {e}"));
+    }
+    for t in [&a, &b] {
+        let got = store
+            .trajectory(tenant, &t.id)
+            .await
+            .unwrap_or_else(|e| panic!("fetch: {e}"))
+            .unwrap_or_else(|| panic!("present"));
+        let indices: Vec<u32> = got.steps.iter().map(|s| s.index).collect();
+        assert_eq!(indices, (0..20).collect::<Vec<_>>());
+        assert!(got.steps.windows(2).all(|w| w[0].id < w[1].id));
+    }
+    let listed = store
+        .list_trajectories(tenant, None, 10)
+        .await
+        .unwrap_or_else(|e| panic!("list: {e}"));
+    assert_eq!(
+        listed.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![a.id, b.id]
+    );
+    let after_a = store
+        .list_trajectories(tenant, Some(&a.id), 10)
+        .await
+        .unwrap_or_else(|e| panic!("list: {e}"));
+    assert_eq!(after_a.iter().map(|t| t.id).collect::<Vec<_>>(), vec![b.id]);
+}
+
+/// A consumer reads a batch and dies before acking part of it: after the idle time another
+/// member of the group gets exactly the unacked entries, marked as redelivered.
+pub async fn a_dead_consumers_unacked_entries_are_redelivered(
+    store: &dyn Store,
+    tenant: &TenantId,
+) {
+    let idle = Duration::from_millis(300);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let t = open_trajectory(tenant);
+        store
+            .upsert_trajectory(&t)
+            .await
+            .unwrap_or_else(|e| panic!("upsert: {e}"));
+        complete(store, tenant, t.id).await;
+        ids.push(t.id);
+    }
+    let alice = consumer("alice", idle, 5);
+    let bob = consumer("bob", idle, 5);
+    let first = read_at_least(store, tenant, &alice, 3, Duration::from_secs(10)).await;
+    assert_eq!(
+        first.iter().map(|d| d.item).collect::<Vec<_>>(),
+        ids.iter()
+            .map(|id| ReadyItem::Trajectory(*id))
+            .collect::<Vec<_>>()
+    );
+    assert!(first.iter().all(|d| d.deliveries == 1));
+    store
+        .ack(tenant, &alice.group, &[first[0].id.clone()])
+        .await
+        .unwrap_or_else(|e| panic!("ack: {e}"));
+    // alice dies here. Before the idle time nothing is handed to bob (checked at once: the bound
+    // is the idle time, and we are well inside it only if the machine is not stalled; so only a
+    // non-empty answer made of new entries would be wrong, and there are none).
+    let redelivered = read_at_least(store, tenant, &bob, 2, Duration::from_secs(30)).await;
+    let mut items: Vec<_> = redelivered.iter().map(|d| d.item).collect();
+    items.sort_by_key(|i| format!("{i:?}"));
+    let mut want = vec![ReadyItem::Trajectory(ids[1]), ReadyItem::Trajectory(ids[2])];
+    want.sort_by_key(|i| format!("{i:?}"));
+    assert_eq!(items, want);
+    assert!(
+        redelivered.iter().all(|d| d.deliveries == 2),
+        "{redelivered:?}"
+    );
+    let ids_to_ack: Vec<_> = redelivered.iter().map(|d| d.id.clone()).collect();
+    store
+        .ack(tenant, &bob.group, &ids_to_ack)
+        .await
+        .unwrap_or_else(|e| panic!("ack: {e}"));
+    tokio::time::sleep(idle * 2).await;
+    let nothing = store
+        .read_ready(tenant, &bob, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(nothing.is_empty(), "acked entries came back: {nothing:?}");
+    // Another consumer group reads the queue independently, from the start.
+    let exporter = Consumer::new(name("exporters"), name("x1"));
+    let all = read_at_least(store, tenant, &exporter, 3, Duration::from_secs(10)).await;
+    assert_eq!(all.len(), 3);
+}
+
+/// An entry that was delivered `max_deliveries` times without an ack is dead-lettered, not
+/// handed out again.
+pub async fn a_poison_entry_is_dead_lettered(store: &dyn Store, tenant: &TenantId) {
+    let idle = Duration::from_millis(200);
+    let t = open_trajectory(tenant);
+    store
+        .upsert_trajectory(&t)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    complete(store, tenant, t.id).await;
+    let c1 = consumer("c1", idle, 2);
+    let c2 = consumer("c2", idle, 2);
+    let first = read_at_least(store, tenant, &c1, 1, Duration::from_secs(10)).await;
+    let second = read_at_least(store, tenant, &c2, 1, Duration::from_secs(30)).await;
+    assert_eq!(second[0].item, first[0].item);
+    assert_eq!(second[0].deliveries, 2);
+    // Delivered twice, never acked: the next take-over dead-letters it instead.
+    let start = Instant::now();
+    let dead = loop {
+        let got = store
+            .read_ready(tenant, &c1, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            got.is_empty(),
+            "a poison entry was delivered a third time: {got:?}"
+        );
+        let dead = store
+            .dead_letters(tenant, &c1.group, 10)
+            .await
+            .unwrap_or_else(|e| panic!("dead letters: {e}"));
+        if !dead.is_empty() {
+            break dead;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].item, ReadyItem::Trajectory(t.id));
+    assert_eq!(dead[0].id, first[0].id);
+    assert_eq!(dead[0].deliveries, 2);
+    assert_eq!(dead[0].last_consumer, "c2");
+}
+
+/// A group is ready only when all its members finished, and is delivered as one item.
+pub async fn a_group_is_ready_when_all_members_finished(store: &dyn Store, tenant: &TenantId) {
+    let group = GroupId::new();
+    let members: Vec<_> = (0..3)
+        .map(|_| open_trajectory(tenant).in_group(group, 3))
+        .collect();
+    for m in &members {
+        store
+            .upsert_trajectory(m)
+            .await
+            .unwrap_or_else(|e| panic!("upsert: {e}"));
+    }
+    let trainer = consumer("t1", Duration::from_secs(60), 5);
+    assert_eq!(complete(store, tenant, members[0].id).await.enqueued, None);
+    let abandoned = store
+        .complete_trajectory(&Complete {
+            status: TrajectoryStatus::Abandoned,
+            ..Complete::now(tenant.clone(), members[1].id, CompletionReason::IdleTimeout)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(abandoned.enqueued, None);
+    assert!(store
+        .read_ready(tenant, &trainer, 10)
+        .await
+        .unwrap_or_default()
+        .is_empty());
+    let g = store
+        .group(tenant, &group)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(g.map(|g| g.state), Some(GroupState::Open));
+
+    let last = complete(store, tenant, members[2].id).await;
+    assert_eq!(last.enqueued, Some(ReadyItem::Group(group)));
+    let got = read_at_least(store, tenant, &trainer, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].item, ReadyItem::Group(group));
+    let g = store
+        .group(tenant, &group)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("group present"));
+    assert_eq!(g.state, GroupState::Ready);
+    assert_eq!(g.size, 3);
+    assert_eq!(g.members, members.iter().map(|m| m.id).collect::<Vec<_>>());
+    assert_eq!(g.finished, members.iter().map(|m| m.id).collect::<Vec<_>>());
+    let member = store
+        .trajectory(tenant, &members[1].id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("present"));
+    assert_eq!(member.trajectory.status, TrajectoryStatus::Abandoned);
+    assert_eq!(member.trajectory.group.map(|g| g.id), Some(group));
+    // Expiry leaves settled groups alone.
+    let expired = store
+        .expire_groups(tenant, UnixMs(UnixMs::now().0 + 60_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(expired.is_empty());
+}
+
+/// A group whose timeout passed is delivered as partial with the members that finished, and a
+/// straggler finishing later does not enqueue it again.
+pub async fn a_group_past_its_timeout_is_delivered_partial(store: &dyn Store, tenant: &TenantId) {
+    let group = GroupId::new();
+    let members: Vec<_> = (0..3)
+        .map(|_| open_trajectory(tenant).in_group(group, 3))
+        .collect();
+    for m in &members {
+        store
+            .upsert_trajectory(m)
+            .await
+            .unwrap_or_else(|e| panic!("upsert: {e}"));
+    }
+    complete(store, tenant, members[0].id).await;
+    // Not yet due: created after the cut-off.
+    let early = store
+        .expire_groups(tenant, UnixMs(members[0].created_at.0.saturating_sub(1)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(early.is_empty());
+    let expired = store
+        .expire_groups(tenant, UnixMs(UnixMs::now().0 + 1))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(expired, vec![group]);
+    let g = store
+        .group(tenant, &group)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("present"));
+    assert_eq!(g.state, GroupState::Partial);
+    assert_eq!(g.finished, vec![members[0].id]);
+    assert!(g.settled_at.is_some());
+    complete(store, tenant, members[1].id).await;
+    complete(store, tenant, members[2].id).await;
+    let trainer = consumer("t1", Duration::from_secs(60), 5);
+    let got = read_at_least(store, tenant, &trainer, 1, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let more = store
+        .read_ready(tenant, &trainer, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.len() + more.len(), 1, "the group was enqueued twice");
+    assert_eq!(got[0].item, ReadyItem::Group(group));
+}
+
+/// Tenant `b` sees nothing of tenant `a`, even knowing `a`'s ids.
+pub async fn tenants_never_see_each_others_data(store: &dyn Store, a: &TenantId, b: &TenantId) {
+    let t = open_trajectory(a);
+    store
+        .upsert_trajectory(&t)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    store
+        .append_steps(&[step_of(a, &t.id, 0, 1024)])
+        .await
+        .unwrap_or_else(|e| panic!("append: {e}"));
+    complete(store, a, t.id).await;
+    store
+        .set_policy_version(&PolicyVersion {
+            schema_version: 1,
+            tenant: a.clone(),
+            adapter: format!("{a}@v1"),
+            version: 1,
+            live_since: UnixMs::now(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("policy: {e}"));
+
+    assert!(store
+        .trajectory(b, &t.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
+    assert!(store
+        .list_trajectories(b, None, 100)
+        .await
+        .unwrap_or_default()
+        .is_empty());
+    assert!(store
+        .policy_version(b)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
+    let reader = consumer("r", Duration::from_millis(1), 5);
+    assert!(store
+        .read_ready(b, &reader, 10)
+        .await
+        .unwrap_or_default()
+        .is_empty());
+    let err = store
+        .complete_trajectory(&Complete::now(b.clone(), t.id, CompletionReason::Handshake))
+        .await;
+    assert!(
+        matches!(err, Err(Error::UnknownTrajectory { .. })),
+        "{err:?}"
+    );
+    // And `a` does see its own.
+    assert!(store
+        .trajectory(a, &t.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_some());
+    assert_eq!(
+        read_at_least(store, a, &reader, 1, Duration::from_secs(10))
+            .await
+            .len(),
+        1
+    );
+}
+
+/// The live policy moves forward only; the same version again is a no-op.
+pub async fn the_live_policy_only_moves_forward(store: &dyn Store, tenant: &TenantId) {
+    assert_eq!(
+        store
+            .policy_version(tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+        None
+    );
+    let v = |version: u64| PolicyVersion {
+        schema_version: 1,
+        tenant: tenant.clone(),
+        adapter: format!("{tenant}@v{version}"),
+        version,
+        live_since: UnixMs(1_733_140_800_000 + version),
+    };
+    store
+        .set_policy_version(&v(3))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    store
+        .set_policy_version(&v(3))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stale = store.set_policy_version(&v(2)).await;
+    assert!(
+        matches!(
+            stale,
+            Err(Error::StalePolicyVersion {
+                attempted: 2,
+                live: 3,
+                ..
+            })
+        ),
+        "{stale:?}"
+    );
+    store
+        .set_policy_version(&v(4))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        store
+            .policy_version(tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+        Some(v(4))
+    );
+}
+
+/// Next states and evaluations attach to the right steps.
+pub async fn next_states_attach_to_their_step(store: &dyn Store, tenant: &TenantId) {
+    let t = open_trajectory(tenant);
+    store
+        .upsert_trajectory(&t)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    let steps = vec![
+        step_of(tenant, &t.id, 0, 256),
+        step_of(tenant, &t.id, 1, 256),
+    ];
+    store
+        .append_steps(&steps)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let next = NextState {
+        messages: vec![serde_json::json!({"role": "user", "content": "and tomorrow?"})],
+        observed_at: UnixMs::now(),
+    };
+    store
+        .set_next_state(tenant, &t.id, &steps[0].id, &next)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let got = store
+        .trajectory(tenant, &t.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("present"));
+    assert_eq!(got.steps[0].next_state.as_ref(), Some(&next));
+    assert_eq!(got.steps[1].next_state, None);
+    assert_eq!(got.trajectory.status, TrajectoryStatus::Open);
+}
