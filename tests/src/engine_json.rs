@@ -1,14 +1,20 @@
-//! Response bodies in the exact shapes vLLM's OpenAI-compatible server sends (v0.10-era field
-//! set): chat completions and their SSE chunks, text completions, the Responses API and its
-//! streaming events, the model list and the error object.
+//! Response bodies in the exact shapes vLLM's OpenAI-compatible server sends (≈0.11: field
+//! order, explicit nulls, `return_token_ids` and `logprobs` as its protocol models emit them):
+//! chat completions and their SSE chunks, text completions, the Responses API and its streaming
+//! events, the model list and the error object.
 //!
 //! The answer is chosen the way a tool-using model behaves: when the request offers tools and the
 //! last message is not a tool result, the model calls the first tool; otherwise it answers text.
+//! Token ids come from a deterministic stand-in tokenizer: one id per streamed piece, plus the
+//! EOS id `151645` on the finishing chunk when the model stopped — as vLLM includes EOS in
+//! `token_ids`, with one logprob entry per id.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 pub const MODEL: &str = "mock-llama";
 pub const ANSWER: &str = "The weather in Paris is sunny, 21 °C.";
+pub const EOS_ID: u32 = 151_645;
+pub const EOS_TEXT: &str = "<|im_end|>";
 const CREATED: u64 = 1_764_400_000;
 
 /// What the mock model decided to say.
@@ -51,6 +57,73 @@ impl Reply {
             Self::ToolCall { .. } => "tool_calls",
         }
     }
+
+    /// The pieces the engine streams, one token each.
+    fn pieces(&self) -> Vec<String> {
+        match self {
+            Self::Text(text) => split_keeping_spaces(text),
+            Self::ToolCall {
+                name, arguments, ..
+            } => std::iter::once(name.clone())
+                .chain(split_in(arguments, 4))
+                .collect(),
+        }
+    }
+}
+
+/// A sampled token: its id, text and logprob.
+#[derive(Debug, Clone)]
+pub struct Token {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f64,
+}
+
+/// The stand-in tokenizer: a stable id per piece of text.
+pub fn token(text: &str) -> Token {
+    // FNV-1a: stable across runs and platforms.
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let id = 100 + u32::try_from(hash % 150_000).unwrap_or(0);
+    let logprob = -f64::from(id % 997) / 1000.0 - 0.001;
+    Token {
+        id,
+        text: text.to_owned(),
+        logprob,
+    }
+}
+
+fn eos() -> Token {
+    Token {
+        id: EOS_ID,
+        text: EOS_TEXT.to_owned(),
+        logprob: -0.0004,
+    }
+}
+
+/// The engine's view of the prompt: the chat template is not modelled, every word of every
+/// message (or of the prompt) becomes one id.
+pub fn prompt_token_ids(request: &Value) -> Vec<u32> {
+    let mut text = String::new();
+    collect_text(&request["messages"], &mut text);
+    collect_text(&request["prompt"], &mut text);
+    collect_text(&request["input"], &mut text);
+    let mut ids = vec![151_644];
+    ids.extend(text.split_whitespace().map(|w| token(w).id));
+    ids
+}
+
+fn collect_text(value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => {
+            out.push(' ');
+            out.push_str(s);
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_text(v, out)),
+        Value::Object(map) => map.values().for_each(|v| collect_text(v, out)),
+        _ => {}
+    }
 }
 
 fn last_message(request: &Value) -> Option<&Value> {
@@ -64,49 +137,69 @@ fn model_of(request: &Value) -> &str {
     request["model"].as_str().unwrap_or(MODEL)
 }
 
-/// A whitespace tokeniser stands in for the engine's: counts only feed `usage`.
-fn count_tokens(text: &str) -> u64 {
-    text.split_whitespace().count() as u64
+fn wants_token_ids(request: &Value) -> bool {
+    request["return_token_ids"] == true
 }
 
-fn prompt_tokens(request: &Value) -> u64 {
-    count_tokens(&request.to_string()) + 7
-}
-
-fn usage(request: &Value, completion: &str) -> Value {
-    let prompt = prompt_tokens(request);
-    let completion = count_tokens(completion) + 1;
-    json!({
+/// vLLM's `UsageInfo`, in its field order.
+fn usage(prompt: usize, completion: usize, with_details: bool) -> Value {
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": null
-    })
+    });
+    if with_details {
+        usage["prompt_tokens_details"] = Value::Null;
+    }
+    usage
 }
 
-fn reply_text(reply: &Reply) -> &str {
-    match reply {
-        Reply::Text(text) => text,
-        Reply::ToolCall { arguments, .. } => arguments,
+/// `choices[i].logprobs` of a chat response for `tokens`, or null when not asked for.
+fn chat_logprobs(request: &Value, tokens: &[Token]) -> Value {
+    if request["logprobs"] != true {
+        return Value::Null;
+    }
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            json!({"token": t.text, "logprob": t.logprob, "bytes": t.text.as_bytes(),
+                   "top_logprobs": []})
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// The tokens of a whole reply: one per piece, then EOS when the model stopped by itself.
+fn reply_tokens(reply: &Reply) -> Vec<Token> {
+    let mut tokens: Vec<Token> = reply.pieces().iter().map(|p| token(p)).collect();
+    if matches!(reply, Reply::Text(_)) {
+        tokens.push(eos());
+    }
+    tokens
+}
+
+fn token_ids_or_null(request: &Value, tokens: &[Token]) -> Value {
+    if wants_token_ids(request) {
+        json!(tokens.iter().map(|t| t.id).collect::<Vec<_>>())
+    } else {
+        Value::Null
     }
 }
 
 pub fn chat_completion(id: &str, request: &Value, reply: &Reply) -> Value {
-    let message = match reply {
-        Reply::Text(text) => json!({
-            "role": "assistant", "reasoning_content": null, "content": text, "tool_calls": []
-        }),
+    let tokens = reply_tokens(reply);
+    let prompt = prompt_token_ids(request);
+    let (content, tool_calls) = match reply {
+        Reply::Text(text) => (json!(text), json!([])),
         Reply::ToolCall {
             id: call_id,
             name,
             arguments,
-        } => json!({
-            "role": "assistant", "reasoning_content": null, "content": null,
-            "tool_calls": [{
-                "id": call_id, "type": "function",
-                "function": { "name": name, "arguments": arguments }
-            }]
-        }),
+        } => (
+            Value::Null,
+            json!([{"id": call_id, "type": "function",
+                    "function": {"name": name, "arguments": arguments}}]),
+        ),
     };
     json!({
         "id": id,
@@ -115,110 +208,168 @@ pub fn chat_completion(id: &str, request: &Value, reply: &Reply) -> Value {
         "model": model_of(request),
         "choices": [{
             "index": 0,
-            "message": message,
-            "logprobs": null,
+            "message": {
+                "role": "assistant", "content": content, "refusal": null, "annotations": null,
+                "audio": null, "function_call": null, "tool_calls": tool_calls,
+                "reasoning_content": null
+            },
+            "logprobs": chat_logprobs(request, &tokens),
             "finish_reason": reply.finish_reason(),
-            "stop_reason": null
+            "stop_reason": null,
+            "token_ids": token_ids_or_null(request, &tokens)
         }],
-        "usage": usage(request, reply_text(reply)),
+        "service_tier": null,
+        "system_fingerprint": null,
+        "usage": usage(prompt.len(), tokens.len(), true),
         "prompt_logprobs": null,
+        "prompt_token_ids": if wants_token_ids(request) { json!(prompt) } else { Value::Null },
         "kv_transfer_params": null
     })
 }
 
-/// The `data:` payloads of a streamed chat completion, `[DONE]` excluded. Text arrives a word
-/// at a time; tool-call arguments arrive in several pieces after a head that carries id and name.
+/// The `data:` payloads of a streamed chat completion, `[DONE]` excluded, as vLLM serialises
+/// them (`exclude_unset`): the first chunk carries the role and `prompt_token_ids`, every later
+/// chunk one token's delta with its `token_ids` and logprobs, the last one EOS and the finish
+/// reason, then the usage chunk when `stream_options.include_usage` is set.
 pub fn chat_completion_chunks(id: &str, request: &Value, reply: &Reply) -> Vec<Value> {
-    let chunk = |delta: Value, finish: Option<&str>| {
-        json!({
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": CREATED,
-            "model": model_of(request),
-            "choices": [{
-                "index": 0, "delta": delta, "logprobs": null,
-                "finish_reason": finish, "stop_reason": null
-            }]
-        })
+    let chunk = |choice: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": CREATED,
+               "model": model_of(request), "choices": [choice]})
     };
-    let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
-    match reply {
-        Reply::Text(text) => {
-            for piece in split_keeping_spaces(text) {
-                chunks.push(chunk(json!({ "content": piece }), None));
+    let prompt = prompt_token_ids(request);
+    let mut first = chunk(json!({
+        "index": 0, "delta": {"role": "assistant", "content": ""},
+        "logprobs": null, "finish_reason": null
+    }));
+    first["prompt_token_ids"] = if wants_token_ids(request) {
+        json!(prompt)
+    } else {
+        Value::Null
+    };
+    let mut chunks = vec![first];
+    let pieces = reply.pieces();
+    for (i, piece) in pieces.iter().enumerate() {
+        let delta = match reply {
+            Reply::Text(_) => json!({ "content": piece }),
+            Reply::ToolCall { id: call_id, .. } if i == 0 => json!({"tool_calls": [{
+                "id": call_id, "type": "function", "index": 0, "function": {"name": piece}
+            }]}),
+            Reply::ToolCall { .. } => {
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
             }
-        }
-        Reply::ToolCall {
-            id: call_id,
-            name,
-            arguments,
-        } => {
-            chunks.push(chunk(
-                json!({"tool_calls": [{
-                    "id": call_id, "type": "function", "index": 0,
-                    "function": {"name": name, "arguments": ""}
-                }]}),
-                None,
-            ));
-            for piece in split_in(arguments, 4) {
-                chunks.push(chunk(
-                    json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
-                    None,
-                ));
-            }
-        }
+        };
+        let tokens = [token(piece)];
+        chunks.push(chunk(json!({
+            "index": 0, "delta": delta, "logprobs": chat_logprobs(request, &tokens),
+            "finish_reason": null, "token_ids": token_ids_or_null(request, &tokens)
+        })));
     }
-    chunks.push(chunk(json!({"content": ""}), Some(reply.finish_reason())));
+    let last: Vec<Token> = match reply {
+        Reply::Text(_) => vec![eos()],
+        Reply::ToolCall { .. } => Vec::new(),
+    };
+    chunks.push(chunk(json!({
+        "index": 0, "delta": {"content": ""}, "logprobs": chat_logprobs(request, &last),
+        "finish_reason": reply.finish_reason(), "stop_reason": null,
+        "token_ids": token_ids_or_null(request, &last)
+    })));
     if request["stream_options"]["include_usage"] == true {
         chunks.push(json!({
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": CREATED,
-            "model": model_of(request),
-            "choices": [],
-            "usage": usage(request, reply_text(reply))
+            "id": id, "object": "chat.completion.chunk", "created": CREATED,
+            "model": model_of(request), "choices": [],
+            "usage": usage(prompt.len(), pieces.len() + last.len(), false)
         }));
     }
     chunks
 }
 
+/// `choices[i].logprobs` of a completions response (`logprobs` is an integer there).
+fn completion_logprobs(request: &Value, tokens: &[Token], offset: usize) -> Value {
+    if !request["logprobs"].is_u64() {
+        return Value::Null;
+    }
+    let mut at = offset;
+    let mut text_offset = Vec::new();
+    for t in tokens {
+        text_offset.push(at);
+        if t.id != EOS_ID {
+            at += t.text.len();
+        }
+    }
+    let top: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut m = Map::new();
+            m.insert(t.text.clone(), json!(t.logprob));
+            Value::Object(m)
+        })
+        .collect();
+    json!({
+        "text_offset": text_offset,
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "tokens": tokens.iter().map(|t| t.text.clone()).collect::<Vec<_>>(),
+        "top_logprobs": top
+    })
+}
+
 pub fn completion(id: &str, request: &Value) -> Value {
+    let reply = Reply::Text(ANSWER.to_owned());
+    let tokens = reply_tokens(&reply);
+    let prompt = prompt_token_ids(request);
     json!({
         "id": id,
         "object": "text_completion",
         "created": CREATED,
         "model": model_of(request),
         "choices": [{
-            "index": 0, "text": ANSWER, "logprobs": null,
-            "finish_reason": "stop", "stop_reason": null, "prompt_logprobs": null
+            "index": 0, "text": ANSWER, "logprobs": completion_logprobs(request, &tokens, 0),
+            "finish_reason": "stop", "stop_reason": null,
+            "token_ids": token_ids_or_null(request, &tokens),
+            "prompt_logprobs": null,
+            "prompt_token_ids": if wants_token_ids(request) { json!(prompt) } else { Value::Null }
         }],
-        "usage": usage(request, ANSWER),
+        "service_tier": null,
+        "system_fingerprint": null,
+        "usage": usage(prompt.len(), tokens.len(), true),
         "kv_transfer_params": null
     })
 }
 
+/// Streamed completions: no role chunk; the first chunk's choice carries `prompt_token_ids`;
+/// every key is present (vLLM serialises these chunks without `exclude_unset`).
 pub fn completion_chunks(id: &str, request: &Value) -> Vec<Value> {
-    let pieces = split_keeping_spaces(ANSWER);
-    let last = pieces.len().saturating_sub(1);
-    let mut chunks: Vec<Value> = pieces
-        .into_iter()
-        .enumerate()
-        .map(|(i, piece)| {
-            json!({
-                "id": id, "object": "text_completion", "created": CREATED,
-                "model": model_of(request),
-                "choices": [{
-                    "index": 0, "text": piece, "logprobs": null,
-                    "finish_reason": if i == last { json!("stop") } else { Value::Null },
-                    "stop_reason": null
-                }]
-            })
-        })
+    let prompt = prompt_token_ids(request);
+    let mut pieces: Vec<Token> = split_keeping_spaces(ANSWER)
+        .iter()
+        .map(|p| token(p))
         .collect();
+    pieces.push(eos());
+    let last = pieces.len() - 1;
+    let mut offset = 0;
+    let mut chunks: Vec<Value> = Vec::new();
+    for (i, t) in pieces.iter().enumerate() {
+        let text = if t.id == EOS_ID { "" } else { t.text.as_str() };
+        chunks.push(json!({
+            "id": id, "object": "text_completion", "created": CREATED,
+            "model": model_of(request),
+            "choices": [{
+                "index": 0, "text": text,
+                "logprobs": completion_logprobs(request, std::slice::from_ref(t), offset),
+                "finish_reason": if i == last { json!("stop") } else { Value::Null },
+                "stop_reason": null,
+                "token_ids": token_ids_or_null(request, std::slice::from_ref(t)),
+                "prompt_logprobs": null,
+                "prompt_token_ids": if i == 0 && wants_token_ids(request) { json!(prompt) } else { Value::Null }
+            }],
+            "service_tier": null, "system_fingerprint": null, "usage": null
+        }));
+        offset += text.len();
+    }
     if request["stream_options"]["include_usage"] == true {
         chunks.push(json!({
             "id": id, "object": "text_completion", "created": CREATED,
-            "model": model_of(request), "choices": [], "usage": usage(request, ANSWER)
+            "model": model_of(request), "choices": [],
+            "usage": usage(prompt.len(), pieces.len(), false)
         }));
     }
     chunks
@@ -246,7 +397,7 @@ fn response_output_item(reply: &Reply, done: bool) -> Value {
 }
 
 pub fn response(id: &str, request: &Value, reply: &Reply, done: bool) -> Value {
-    let (input, output) = (prompt_tokens(request), count_tokens(reply_text(reply)) + 1);
+    let (input, output) = (prompt_token_ids(request).len(), reply_tokens(reply).len());
     json!({
         "id": id,
         "object": "response",
