@@ -59,7 +59,8 @@ pub enum WriteOp {
 }
 
 impl WriteOp {
-    async fn apply(&self, store: &RedisStore) -> Result<Option<Completed>> {
+    /// Applies the write to `store`; what a completion enqueued, for completions.
+    pub async fn apply<S: Store + ?Sized>(&self, store: &S) -> Result<Option<Completed>> {
         match self {
             WriteOp::UpsertTrajectory { trajectory } => store.upsert_trajectory(trajectory).await?,
             WriteOp::AppendSteps { steps } => store.append_steps(steps).await?,

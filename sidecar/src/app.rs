@@ -31,8 +31,11 @@ use crate::layers::observe::{Observe, ObserveLayer};
 use crate::layers::request_id::{RequestIdLayer, RequestIdService};
 use crate::layers::ResponseFuture;
 use crate::metrics::{Metrics, UpstreamLabels};
+use crate::recorder::Recorder;
 use crate::route::Route;
+use crate::tenant::{TenantResolver, Unresolved};
 use crate::upstream::{Pool, UpstreamUrlError};
+use tokio_util::sync::CancellationToken;
 
 /// What every request shares.
 pub struct App {
@@ -40,8 +43,13 @@ pub struct App {
     pub pool: Arc<Pool>,
     pub forwarder: Arc<Forwarder>,
     pub metrics: Arc<Metrics>,
+    pub tenants: TenantResolver,
+    /// `None` when `recording.enabled` is off.
+    pub recorder: Option<Arc<Recorder>>,
     /// Forwarding and relay tasks; shutdown waits for them.
     pub tasks: TaskTracker,
+    /// Stops the background work (the recorder's sweeper) at shutdown.
+    pub background: CancellationToken,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,10 +58,17 @@ pub enum AppError {
     Upstream(#[from] UpstreamUrlError),
     #[error(transparent)]
     ApiKey(#[from] crate::forward::InvalidApiKey),
+    #[error("`tenants`: {0}")]
+    Tenants(#[from] crate::tenant::TenantError),
+    #[error(transparent)]
+    Store(#[from] crate::store::OpenError),
+    #[error("`recording.redact`: {0}")]
+    Redact(#[from] regex::Error),
 }
 
 impl App {
-    pub fn new(config: Config) -> Result<Arc<Self>, AppError> {
+    /// Opens the datapool (when recording) and starts the background tasks.
+    pub async fn new(config: Config) -> Result<Arc<Self>, AppError> {
         let metrics = Arc::new(Metrics::new());
         let pool = Arc::new(Pool::new(
             &config.upstreams,
@@ -68,13 +83,37 @@ impl App {
             Arc::clone(&metrics),
             tasks.clone(),
         )?);
+        let tenants = TenantResolver::new(&config.tenants)?;
+        let background = CancellationToken::new();
+        let recorder = if config.recording.enabled {
+            let store = crate::store::open(&config).await?;
+            let recorder = Recorder::start(config.recording.clone(), store, Arc::clone(&metrics))?;
+            let stop = background.clone();
+            tokio::spawn(Arc::clone(&recorder).sweep_until(async move { stop.cancelled().await }));
+            Some(recorder)
+        } else {
+            None
+        };
         Ok(Arc::new(Self {
             config,
             pool,
             forwarder,
             metrics,
+            tenants,
+            recorder,
             tasks,
+            background,
         }))
+    }
+
+    /// After the last request: completes live trajectories (their last turn is trained too) and
+    /// writes everything the recorder still holds.
+    pub async fn close(&self) {
+        self.background.cancel();
+        if let Some(recorder) = &self.recorder {
+            recorder.complete_all();
+            recorder.close().await;
+        }
     }
 }
 
@@ -130,6 +169,13 @@ where
                     path: request.uri().path().to_owned(),
                 }
                 .into_response(),
+                Route::Handshake(route) => {
+                    let (parts, body) = request.into_parts();
+                    match read_body(&app.config, &parts.headers, body).await {
+                        Ok(body) => crate::handshake::handle(&app, route, &parts, body).await,
+                        Err(e) => e.into_response(),
+                    }
+                }
                 Route::Api { upstream_path, .. } => forward(app, request, upstream_path)
                     .await
                     .unwrap_or_else(ProxyError::into_response),
@@ -148,6 +194,13 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let _tenant = app
+        .tenants
+        .resolve(request.headers())
+        .map_err(|e| match e {
+            Unresolved::UnknownKey => ProxyError::UnknownApiKey,
+            Unresolved::BadHeader => ProxyError::BadTenantHeader,
+        })?;
     let (parts, body) = request.into_parts();
     let body = read_body(&app.config, &parts.headers, body).await?;
     app.forwarder.call(parts, body, upstream_path).await

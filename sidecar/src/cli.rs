@@ -38,6 +38,12 @@ struct ServeArgs {
     /// What the upstream is.
     #[arg(long, env = "CLAWBACK_UPSTREAM_KIND", value_enum)]
     upstream_kind: Option<UpstreamKind>,
+    /// Redis for recorded trajectories (redis://, rediss://; AUTH in the URL).
+    #[arg(long, env = "CLAWBACK_REDIS")]
+    redis: Option<String>,
+    /// Directory of the embedded store and the spool.
+    #[arg(long, env = "CLAWBACK_DATA_DIR")]
+    data_dir: Option<PathBuf>,
     /// Any other config field, as `section.key=value` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -56,6 +62,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         listen: args.listen,
         upstreams: (!args.upstreams.is_empty()).then_some(args.upstreams),
         upstream_kind: args.upstream_kind,
+        redis: args.redis,
+        data_dir: args.data_dir,
         set: args.set,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {
@@ -77,7 +85,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             Ok(listener) => listener,
             Err(e) => return fail(&e),
         };
-        let app = match App::new(config) {
+        let app = match App::new(config).await {
             Ok(app) => app,
             Err(e) => return fail(&e),
         };

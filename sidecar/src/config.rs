@@ -4,8 +4,9 @@
 //! Unknown keys are refused (`deny_unknown_fields`) so a typo fails at start with the key's name
 //! instead of silently running with a default.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -51,10 +52,68 @@ pub struct Config {
     /// When unset, the client's header is passed through.
     pub upstream_api_key: Option<String>,
     pub balancer: BalancerKind,
+    /// Redis (`redis://`, `rediss://`, AUTH in the URL) for recorded trajectories. Unset: the
+    /// embedded SQLite store in `data_dir`.
+    pub redis: Option<String>,
+    /// The embedded store, and the spool that keeps steps while Redis is unreachable.
+    pub data_dir: PathBuf,
     pub timeouts: Timeouts,
     pub limits: Limits,
     pub health: Health,
+    pub tenants: Tenants,
+    pub recording: Recording,
+    pub admin: Admin,
     pub log: Log,
+}
+
+/// Whose data a call is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenants {
+    /// Tenant of calls whose API key is not in `keys`. Unset: such calls get 401.
+    pub default: Option<String>,
+    /// Take the tenant from `X-Clawback-Tenant` — only when a trusted gateway in front of the
+    /// sidecar sets (and strips from clients) that header.
+    pub trusted_header: bool,
+    /// `"sha256:<hex of the API key>" = "tenant"`: keys are stored hashed, never in clear.
+    pub keys: BTreeMap<String, String>,
+}
+
+/// How calls are recorded as trajectory steps.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recording {
+    pub enabled: bool,
+    /// A trajectory with no call for this long is completed; its last turn is kept.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// A group whose rollouts have not all completed after this long is released as partial.
+    #[serde(with = "humantime_serde")]
+    pub group_timeout: Duration,
+    /// Records waiting for the writer; when full, new ones are dropped and counted, never waited on.
+    pub queue_capacity: usize,
+    /// Most steps written to the store in one batch.
+    pub batch_max: usize,
+    /// Live trajectories remembered for stitching calls that carry no session id.
+    pub stitch_max_entries: usize,
+    /// Applied, in order, to every text of a step before it is stored.
+    pub redact: Vec<Redaction>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redaction {
+    /// A regular expression (Rust `regex` syntax).
+    pub pattern: String,
+    pub replacement: String,
+}
+
+/// The handshake API (`/trajectories`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// Bearer token the handshake API requires. Unset: the handshake API is off.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -120,6 +179,8 @@ impl Default for Config {
             upstream_kind: UpstreamKind::Vllm,
             upstream_api_key: None,
             balancer: BalancerKind::PowerOfTwoChoices,
+            redis: None,
+            data_dir: PathBuf::from("clawback-data"),
             timeouts: Timeouts {
                 header_read: Duration::from_secs(10),
                 body_read: Duration::from_secs(30),
@@ -138,6 +199,21 @@ impl Default for Config {
                 eject_after_5xx: 3,
                 ejection: Duration::from_secs(10),
             },
+            tenants: Tenants {
+                default: Some("default".to_owned()),
+                trusted_header: false,
+                keys: BTreeMap::new(),
+            },
+            recording: Recording {
+                enabled: true,
+                idle_timeout: Duration::from_secs(600),
+                group_timeout: Duration::from_secs(1800),
+                queue_capacity: 8192,
+                batch_max: 256,
+                stitch_max_entries: 100_000,
+                redact: Vec::new(),
+            },
+            admin: Admin { token: None },
             log: Log {
                 format: LogFormat::Text,
                 filter: "info".to_owned(),
@@ -156,6 +232,10 @@ pub struct Overrides {
     pub upstreams: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_kind: Option<UpstreamKind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
     /// `key.path=value` pairs, the value in TOML syntax (a bare word is taken as a string).
     #[serde(skip)]
     pub set: Vec<String>,
@@ -178,9 +258,14 @@ const ENV_KEYS: &[&str] = &[
     "upstream_kind",
     "upstream_api_key",
     "balancer",
+    "redis",
+    "data_dir",
     "timeouts",
     "limits",
     "health",
+    "tenants",
+    "recording",
+    "admin",
     "log",
 ];
 
@@ -213,6 +298,13 @@ impl Config {
         for url in &self.upstreams {
             crate::upstream::UpstreamUrl::parse(url)
                 .map_err(|e| ConfigError::Semantic(format!("`upstreams`: {e}")))?;
+        }
+        crate::tenant::TenantResolver::new(&self.tenants)
+            .map_err(|e| ConfigError::Semantic(format!("`tenants`: {e}")))?;
+        for (i, rule) in self.recording.redact.iter().enumerate() {
+            regex::Regex::new(&rule.pattern).map_err(|e| {
+                ConfigError::Semantic(format!("`recording.redact[{i}].pattern`: {e}"))
+            })?;
         }
         if self.limits.max_concurrent_requests == 0 {
             return Err(ConfigError::Semantic(

@@ -38,6 +38,12 @@ pub enum ProxyError {
     BadUpstreamRequest(#[source] http::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("unknown API key: this sidecar has no tenant for it")]
+    UnknownApiKey,
+    #[error("the X-Clawback-Tenant header names no valid tenant")]
+    BadTenantHeader,
+    #[error("{0}")]
+    BadSessionHint(#[from] crate::session::explicit::HintError),
 }
 
 impl ProxyError {
@@ -45,7 +51,10 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::BodyRead(_) => StatusCode::BAD_REQUEST,
+            Self::BodyRead(_) | Self::BadTenantHeader | Self::BadSessionHint(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::UnknownApiKey => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Overloaded { .. } | Self::NoHealthyUpstream { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -62,7 +71,10 @@ impl ProxyError {
             Self::BodyTooLarge { .. }
             | Self::BodyTimeout(_)
             | Self::BodyRead(_)
-            | Self::NotFound { .. } => "invalid_request_error",
+            | Self::NotFound { .. }
+            | Self::UnknownApiKey
+            | Self::BadTenantHeader
+            | Self::BadSessionHint(_) => "invalid_request_error",
             Self::Overloaded { .. } => "overloaded_error",
             _ => "upstream_error",
         }
@@ -75,6 +87,9 @@ impl ProxyError {
             Self::BodyTimeout(_) => "body_timeout",
             Self::BodyRead(_) => "body_read_failed",
             Self::NotFound { .. } => "not_found",
+            Self::UnknownApiKey => "invalid_api_key",
+            Self::BadTenantHeader => "invalid_tenant",
+            Self::BadSessionHint(_) => "invalid_session_header",
             Self::Overloaded { .. } => "overloaded",
             Self::NoHealthyUpstream { .. } => "no_healthy_upstream",
             Self::ConnectFailed { .. } => "upstream_connect_failed",

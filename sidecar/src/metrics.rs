@@ -53,6 +53,17 @@ pub struct ErrorLabels {
     pub code: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreErrorLabels {
+    pub op: &'static str,
+    pub error: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
@@ -66,6 +77,13 @@ pub struct Metrics {
     pub ejections: Family<UpstreamLabels, Counter>,
     pub upstream_healthy: Family<UpstreamLabels, Gauge>,
     pub orphaned_streams: Counter,
+    pub steps_recorded: Counter,
+    pub steps_stored: Counter,
+    pub records_dropped: Family<ReasonLabels, Counter>,
+    pub recorder_queue: Gauge,
+    pub store_errors: Family<StoreErrorLabels, Counter>,
+    pub trajectories_started: Counter,
+    pub trajectories_completed: Family<ReasonLabels, Counter>,
 }
 
 fn request_buckets() -> Histogram {
@@ -137,6 +155,48 @@ impl Metrics {
             "Upstream responses read to the end after their client went away",
             orphaned_streams.clone(),
         );
+        let steps_recorded = Counter::default();
+        registry.register(
+            "steps_recorded",
+            "Model calls turned into trajectory steps and queued for the datapool",
+            steps_recorded.clone(),
+        );
+        let steps_stored = Counter::default();
+        registry.register(
+            "steps_stored",
+            "Steps the datapool accepted (Redis, its spool, or the embedded store)",
+            steps_stored.clone(),
+        );
+        let records_dropped = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "records_dropped",
+            "Recording work dropped instead of delaying an agent, by reason",
+            records_dropped.clone(),
+        );
+        let recorder_queue = Gauge::default();
+        registry.register(
+            "recorder_queue",
+            "Writes waiting for the datapool writer",
+            recorder_queue.clone(),
+        );
+        let store_errors = Family::<StoreErrorLabels, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Datapool writes that failed (and were lost), by operation and error",
+            store_errors.clone(),
+        );
+        let trajectories_started = Counter::default();
+        registry.register(
+            "trajectories_started",
+            "Trajectories opened by calls or the handshake API",
+            trajectories_started.clone(),
+        );
+        let trajectories_completed = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "trajectories_completed",
+            "Trajectories completed, by reason",
+            trajectories_completed.clone(),
+        );
         Self {
             registry,
             requests,
@@ -148,6 +208,13 @@ impl Metrics {
             ejections,
             upstream_healthy,
             orphaned_streams,
+            steps_recorded,
+            steps_stored,
+            records_dropped,
+            recorder_queue,
+            store_errors,
+            trajectories_started,
+            trajectories_completed,
         }
     }
 

@@ -80,6 +80,8 @@ pub enum Route {
         /// What the upstream gets: `/v1/...` plus the original query string.
         upstream_path: String,
     },
+    /// The handshake API (`/trajectories...`); `Err` for a path under it that is no route.
+    Handshake(Result<crate::handshake::Route, ()>),
     NotFound,
 }
 
@@ -90,6 +92,9 @@ impl Route {
             "/readyz" => return Self::Readyz,
             "/metrics" => return Self::Metrics,
             _ => {}
+        }
+        if let Some(handshake) = crate::handshake::Route::classify(method, path) {
+            return Self::Handshake(handshake);
         }
         let (session, api_path) = match path.strip_prefix("/s/") {
             Some(rest) => {
@@ -124,6 +129,7 @@ impl Route {
             Self::Readyz => "readyz",
             Self::Metrics => "metrics",
             Self::Api { endpoint, .. } => endpoint.label(),
+            Self::Handshake(_) => "handshake",
             Self::NotFound => "not_found",
         }
     }

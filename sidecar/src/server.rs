@@ -107,5 +107,6 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             "shutdown grace ran out with upstream responses still being read"
         );
     }
+    app.close().await;
     tracing::info!("shutdown complete");
 }

@@ -25,6 +25,7 @@ pub fn test_config(upstreams: &[String]) -> Config {
     let mut config = Config {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         upstreams: upstreams.to_vec(),
+        data_dir: scratch_dir("sidecar-data"),
         ..Config::default()
     };
     config.timeouts.upstream_connect = Duration::from_millis(500);
@@ -39,7 +40,7 @@ impl Sidecar {
     pub async fn start(config: Config) -> Self {
         let listener = server::bind(config.listen).await.expect("sidecar binds");
         let addr = listener.local_addr().expect("sidecar has an address");
-        let app = App::new(config).expect("valid test config");
+        let app = App::new(config).await.expect("valid test config");
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = tokio::spawn(server::serve(listener, Arc::clone(&app), async {
             let _ = stopped.await;
@@ -78,6 +79,15 @@ impl Drop for Sidecar {
             let _ = stop.send(());
         }
     }
+}
+
+/// A fresh directory under the system temp dir, unique to this process and call.
+pub fn scratch_dir(what: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("clawback-{what}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
 }
 
 /// The repository root, for fixtures and the example config.

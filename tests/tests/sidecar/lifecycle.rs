@@ -102,9 +102,11 @@ async fn shutdown_lets_an_in_flight_stream_finish_and_refuses_new_connections() 
 
 /// Starts the real binary; returns it and the address it printed.
 fn spawn_sidecar(args: &[&str], envs: &[(&str, &str)]) -> (std::process::Child, String) {
+    let data_dir = clawback_tests::harness::scratch_dir("process-data");
     let mut child = Command::new(env!("CARGO_BIN_EXE_sidecar"))
         .arg("serve")
         .args(args)
+        .env("CLAWBACK_DATA_DIR", &data_dir)
         .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

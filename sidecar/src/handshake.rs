@@ -1,0 +1,461 @@
+//! The handshake API, for rollout orchestrators and UIs (Claw-R1-compatible in spirit):
+//!
+//! - `POST /trajectories` `{tenant?, group_id?, group_size?, metadata?}` → `{trajectory_id,
+//!   tenant, base_url}`; the agent then uses `base_url` (the `/s/{id}/v1` form);
+//! - `POST /trajectories/{id}/complete` `{tenant?, reward?, metadata?}`;
+//! - `POST /trajectories/{id}/feedback` `{tenant?, step?, reward?, hint?, label?}` (a thumb up or
+//!   down from a UI; `step` is a step id or a 0-based index);
+//! - `GET /trajectories/{id}?tenant=T`.
+//!
+//! Every route needs `Authorization: Bearer <admin.token>`; without a configured token the API is
+//! off. The caller is trusted across tenants, but ids are still looked up inside one tenant (the
+//! live trajectory's, the one named, or the default) — never guessed across tenants. Unknown ids
+//! get 404, never silent creation.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use clawback_datapool::{
+    CompletionReason, Evaluation, EvaluationId, EvaluationSource, StepId, TenantId, TrajectoryId,
+    TrajectoryRecord, UnixMs, Verdict, SCHEMA_VERSION,
+};
+use http::{header, request, Method, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::app::App;
+use crate::body::ProxyBody;
+use crate::error::error_response;
+
+/// The handshake routes, decided from the path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    Create,
+    Get(String),
+    Complete(String),
+    Feedback(String),
+}
+
+impl Route {
+    /// `None` when the path is not under `/trajectories`.
+    pub fn classify(method: &Method, path: &str) -> Option<Result<Self, ()>> {
+        let rest = path.strip_prefix("/trajectories")?;
+        let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+        Some(match (method, parts.as_slice()) {
+            (&Method::POST, []) => Ok(Self::Create),
+            (&Method::GET, [id]) => Ok(Self::Get((*id).to_owned())),
+            (&Method::POST, [id, "complete"]) => Ok(Self::Complete((*id).to_owned())),
+            (&Method::POST, [id, "feedback"]) => Ok(Self::Feedback((*id).to_owned())),
+            _ => Err(()),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("the handshake API is off: set admin.token to enable it")]
+    Disabled,
+    #[error("the handshake API needs `Authorization: Bearer <admin token>`")]
+    Unauthorized,
+    #[error("no such handshake route: {0}")]
+    NoRoute(String),
+    #[error("invalid request body: {0}")]
+    BadBody(String),
+    #[error("{0:?} is not a trajectory id")]
+    BadId(String),
+    #[error("no tenant given and no default tenant is configured")]
+    NoTenant,
+    #[error("trajectory {0} not found")]
+    NotFound(String),
+    #[error("step {0} not found in the trajectory")]
+    StepNotFound(String),
+    #[error("recording is disabled: there are no trajectories")]
+    RecordingOff,
+    #[error("the datapool failed: {0}")]
+    Store(#[from] clawback_datapool::Error),
+}
+
+impl HandshakeError {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::Disabled | Self::NoRoute(_) | Self::NotFound(_) | Self::StepNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::BadBody(_) | Self::BadId(_) | Self::NoTenant => StatusCode::BAD_REQUEST,
+            Self::RecordingOff => StatusCode::CONFLICT,
+            Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Disabled => "handshake_disabled",
+            Self::Unauthorized => "invalid_admin_token",
+            Self::NoRoute(_) => "not_found",
+            Self::BadBody(_) => "invalid_body",
+            Self::BadId(_) => "invalid_id",
+            Self::NoTenant => "no_tenant",
+            Self::NotFound(_) => "trajectory_not_found",
+            Self::StepNotFound(_) => "step_not_found",
+            Self::RecordingOff => "recording_disabled",
+            Self::Store(_) => "datapool_unavailable",
+        }
+    }
+
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let kind = if self.status().is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        error_response(self.status(), &self.to_string(), kind, self.code())
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    tenant: Option<String>,
+    group_id: Option<String>,
+    group_size: Option<u32>,
+    #[serde(default)]
+    metadata: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBody {
+    tenant: Option<String>,
+    reward: Option<f64>,
+    #[serde(default)]
+    metadata: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeedbackBody {
+    tenant: Option<String>,
+    step: Option<Value>,
+    reward: Option<f64>,
+    hint: Option<String>,
+    label: Option<String>,
+}
+
+pub async fn handle(
+    app: &App,
+    route: Result<Route, ()>,
+    parts: &request::Parts,
+    body: Bytes,
+) -> Response<ProxyBody> {
+    let answer = async {
+        authorize(app, parts)?;
+        let route = route.map_err(|()| HandshakeError::NoRoute(parts.uri.path().to_owned()))?;
+        match route {
+            Route::Create => create(app, parts, parse(&body)?),
+            Route::Get(id) => get(app, &id, query_tenant(parts)).await,
+            Route::Complete(id) => complete(app, &id, parse(&body)?).await,
+            Route::Feedback(id) => feedback(app, &id, parse(&body)?).await,
+        }
+    };
+    answer.await.unwrap_or_else(HandshakeError::into_response)
+}
+
+fn authorize(app: &App, parts: &request::Parts) -> Result<(), HandshakeError> {
+    let expected = app
+        .config
+        .admin
+        .token
+        .as_deref()
+        .ok_or(HandshakeError::Disabled)?;
+    let given = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or(HandshakeError::Unauthorized)?;
+    // Compare digests so the comparison's time does not depend on where the strings differ.
+    if Sha256::digest(given.as_bytes()) == Sha256::digest(expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(HandshakeError::Unauthorized)
+    }
+}
+
+fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, HandshakeError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| HandshakeError::BadBody(e.to_string()))
+}
+
+fn query_tenant(parts: &request::Parts) -> Option<String> {
+    parts.uri.query().and_then(|q| {
+        q.split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(k, _)| *k == "tenant")
+            .map(|(_, v)| v.to_owned())
+    })
+}
+
+fn trajectory_id(raw: &str) -> Result<TrajectoryId, HandshakeError> {
+    raw.parse()
+        .map_err(|_| HandshakeError::BadId(raw.to_owned()))
+}
+
+/// The tenant a request is about: the one named, else the configured default.
+fn named_tenant(app: &App, named: Option<String>) -> Result<TenantId, HandshakeError> {
+    let raw = named
+        .or_else(|| app.config.tenants.default.clone())
+        .ok_or(HandshakeError::NoTenant)?;
+    TenantId::new(raw).map_err(|e| HandshakeError::BadBody(e.to_string()))
+}
+
+/// The tenant of trajectory `id`: the live trajectory's own, else the one named (or default).
+fn tenant_for(
+    app: &App,
+    id: &TrajectoryId,
+    named: Option<String>,
+) -> Result<TenantId, HandshakeError> {
+    let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
+    match (recorder.tenant_of(id), named) {
+        (Some(live), Some(named)) if live.as_str() != named => {
+            Err(HandshakeError::NotFound(id.to_string()))
+        }
+        (Some(live), _) => Ok(live),
+        (None, named) => named_tenant(app, named),
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn create(
+    app: &App,
+    parts: &request::Parts,
+    body: CreateBody,
+) -> Result<Response<ProxyBody>, HandshakeError> {
+    let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
+    let tenant = named_tenant(app, body.tenant)?;
+    let group = match (body.group_id, body.group_size) {
+        (Some(group), Some(size)) if (1..=4096).contains(&size) => Some((group, size)),
+        (None, None) => None,
+        _ => {
+            return Err(HandshakeError::BadBody(
+                "group_id and group_size (1-4096) go together".to_owned(),
+            ))
+        }
+    };
+    let id = recorder.create(tenant.clone(), group, body.metadata);
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(|| app.config.listen.to_string(), str::to_owned);
+    let scheme = parts
+        .headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .filter(|p| *p == "https")
+        .unwrap_or("http");
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({
+            "trajectory_id": id.to_string(),
+            "tenant": tenant.as_str(),
+            "base_url": format!("{scheme}://{host}/s/{id}/v1"),
+        }),
+    ))
+}
+
+async fn stored(
+    app: &App,
+    tenant: &TenantId,
+    id: &TrajectoryId,
+) -> Result<Option<TrajectoryRecord>, HandshakeError> {
+    let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
+    Ok(recorder.store().trajectory(tenant, id).await?)
+}
+
+async fn get(
+    app: &App,
+    raw: &str,
+    tenant: Option<String>,
+) -> Result<Response<ProxyBody>, HandshakeError> {
+    let id = trajectory_id(raw)?;
+    let tenant = tenant_for(app, &id, tenant)?;
+    let record = stored(app, &tenant, &id)
+        .await?
+        .ok_or_else(|| HandshakeError::NotFound(raw.to_owned()))?;
+    let value =
+        serde_json::to_value(&record).map_err(|e| HandshakeError::BadBody(e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &value))
+}
+
+fn feedback_evaluation(
+    tenant: &TenantId,
+    trajectory: TrajectoryId,
+    step: Option<StepId>,
+    channel: &str,
+    reward: Option<f64>,
+    hint: Option<String>,
+    labels: BTreeMap<String, String>,
+) -> Evaluation {
+    Evaluation {
+        schema_version: SCHEMA_VERSION,
+        id: EvaluationId::new(),
+        tenant: tenant.clone(),
+        trajectory,
+        step,
+        source: EvaluationSource::Feedback {
+            channel: channel.to_owned(),
+        },
+        verdict: Verdict::Score { reward, hint },
+        labels,
+        created_at: UnixMs::now(),
+    }
+}
+
+async fn complete(
+    app: &App,
+    raw: &str,
+    body: CompleteBody,
+) -> Result<Response<ProxyBody>, HandshakeError> {
+    let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
+    let id = trajectory_id(raw)?;
+    let tenant = tenant_for(app, &id, body.tenant)?;
+    let live = recorder.is_live(&tenant, &id);
+    if !live && stored(app, &tenant, &id).await?.is_none() {
+        return Err(HandshakeError::NotFound(raw.to_owned()));
+    }
+    if !body.metadata.is_empty() {
+        if let Some(mut record) = stored(app, &tenant, &id).await? {
+            record.trajectory.metadata.extend(body.metadata);
+            recorder
+                .store()
+                .upsert_trajectory(&record.trajectory)
+                .await?;
+        }
+    }
+    if let Some(reward) = body.reward {
+        let evaluation = feedback_evaluation(
+            &tenant,
+            id,
+            None,
+            "handshake",
+            Some(reward),
+            None,
+            BTreeMap::new(),
+        );
+        recorder.enqueue_evaluations(vec![evaluation]);
+    }
+    let status = if live {
+        recorder.complete(&tenant, id, CompletionReason::Handshake);
+        "completing"
+    } else {
+        "already_completed"
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"trajectory_id": raw, "status": status}),
+    ))
+}
+
+async fn feedback(
+    app: &App,
+    raw: &str,
+    body: FeedbackBody,
+) -> Result<Response<ProxyBody>, HandshakeError> {
+    let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
+    let id = trajectory_id(raw)?;
+    let tenant = tenant_for(app, &id, body.tenant)?;
+    if body.reward.is_none() && body.hint.is_none() && body.label.is_none() {
+        return Err(HandshakeError::BadBody(
+            "give at least one of reward, hint, label".to_owned(),
+        ));
+    }
+    if body.reward.is_some_and(|r| !(-1.0..=1.0).contains(&r)) {
+        return Err(HandshakeError::BadBody(
+            "reward must be within [-1, 1]".to_owned(),
+        ));
+    }
+    let step = match body.step {
+        None => None,
+        Some(step) => {
+            let record = stored(app, &tenant, &id)
+                .await?
+                .ok_or_else(|| HandshakeError::NotFound(raw.to_owned()))?;
+            let found = match &step {
+                Value::Number(n) => n
+                    .as_u64()
+                    .and_then(|i| record.steps.iter().find(|s| u64::from(s.index) == i)),
+                Value::String(s) => s
+                    .parse::<StepId>()
+                    .ok()
+                    .and_then(|sid| record.steps.iter().find(|st| st.id == sid)),
+                _ => None,
+            };
+            Some(
+                found
+                    .map(|s| s.id)
+                    .ok_or_else(|| HandshakeError::StepNotFound(step.to_string()))?,
+            )
+        }
+    };
+    if step.is_none()
+        && !recorder.is_live(&tenant, &id)
+        && stored(app, &tenant, &id).await?.is_none()
+    {
+        return Err(HandshakeError::NotFound(raw.to_owned()));
+    }
+    let labels: BTreeMap<String, String> = body
+        .label
+        .into_iter()
+        .map(|l| ("label".to_owned(), l))
+        .collect();
+    let evaluation = feedback_evaluation(
+        &tenant,
+        id,
+        step,
+        "feedback",
+        body.reward,
+        body.hint,
+        labels,
+    );
+    let evaluation_id = evaluation.id.to_string();
+    recorder.enqueue_evaluations(vec![evaluation]);
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &json!({"trajectory_id": raw, "evaluation_id": evaluation_id}),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshake_paths_are_recognised() {
+        assert_eq!(
+            Route::classify(&Method::POST, "/trajectories"),
+            Some(Ok(Route::Create))
+        );
+        assert_eq!(
+            Route::classify(&Method::POST, "/trajectories/abc/complete"),
+            Some(Ok(Route::Complete("abc".to_owned())))
+        );
+        assert_eq!(
+            Route::classify(&Method::DELETE, "/trajectories/abc"),
+            Some(Err(()))
+        );
+        assert_eq!(Route::classify(&Method::GET, "/v1/models"), None);
+    }
+}

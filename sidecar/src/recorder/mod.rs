@@ -1,0 +1,544 @@
+//! The recorder: turns served model calls into trajectory steps, off the request path.
+//!
+//! A call meets it twice. [`Recorder::begin`], before forwarding, decides the trajectory (the
+//! call's own session hints, or a new one) and records what the call adds after the previous
+//! reply as that previous step's next state. [`Recorder::finish`], once the upstream response
+//! was read to its end — also when the agent left — builds the [`Step`] and queues it.
+//!
+//! Nothing here waits on storage: writes go to a bounded queue drained by [`writer`]; when the
+//! queue is full the write is dropped and counted, never waited for. Live trajectories are kept
+//! in memory (a few hundred bytes each) until they complete — by the done header, the handshake
+//! API, or [`Recording::idle_timeout`](crate::config::Recording) without a call.
+
+pub mod redact;
+pub mod request;
+pub mod writer;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{
+    AssistantOutput, Complete, CompletionReason, Endpoint, GroupId, GroupMembership, NextState,
+    Step, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs,
+    UpstreamRef, Usage, WriteOp, SCHEMA_VERSION,
+};
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Recording;
+use crate::metrics::{Metrics, ReasonLabels};
+use crate::session::explicit::Hints;
+use redact::Redactor;
+use writer::Message;
+
+/// A model call on its way through the sidecar, as far as the recorder is concerned.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub tenant: TenantId,
+    pub trajectory: TrajectoryId,
+    pub endpoint: Endpoint,
+    pub request: StepRequest,
+    pub trainable: bool,
+    pub done: bool,
+    pub started_at: UnixMs,
+    pub traceparent: Option<String>,
+}
+
+/// What the upstream answered, assembled whole.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub output: AssistantOutput,
+    pub tokens: Tokens,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+    pub upstream: UpstreamRef,
+    pub first_token_at: Option<UnixMs>,
+    pub finished_at: UnixMs,
+    /// The response arrived whole (`[DONE]`, `response.completed`, a full body).
+    pub complete: bool,
+}
+
+/// A trajectory that may still get calls.
+#[derive(Debug)]
+struct Live {
+    tenant: TenantId,
+    /// The agent's name for it (path, header or body session id), if it gave one.
+    name: Option<String>,
+    next_index: u32,
+    last_step: Option<StepId>,
+    /// Messages of the last call plus its reply: what the next call repeats as history.
+    covered: usize,
+    last_seen: Instant,
+    in_flight: u32,
+    /// A completion asked for while calls were in flight; runs when the last one is recorded.
+    complete_after: Option<CompletionReason>,
+}
+
+#[derive(Debug, Default)]
+struct Sessions {
+    live: HashMap<TrajectoryId, Live>,
+    by_name: HashMap<(TenantId, String), TrajectoryId>,
+    groups: HashMap<(TenantId, String), GroupId>,
+    /// Tenants with groups, whose group timeouts the sweeper checks.
+    tenants_with_groups: HashSet<TenantId>,
+}
+
+pub struct Recorder {
+    config: Recording,
+    queue: mpsc::Sender<Message>,
+    sessions: Mutex<Sessions>,
+    redactor: Redactor,
+    metrics: Arc<Metrics>,
+    store: Arc<dyn Store>,
+}
+
+/// Why a trajectory ends, as the store records it.
+fn reason_label(reason: CompletionReason) -> &'static str {
+    match reason {
+        CompletionReason::Handshake => "handshake",
+        CompletionReason::DoneHeader => "done_header",
+        CompletionReason::IdleTimeout => "idle_timeout",
+    }
+}
+
+impl Recorder {
+    /// Starts the writer; [`Recorder::close`] stops it once everything queued is written.
+    pub fn start(
+        config: Recording,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, regex::Error> {
+        let (queue, rx) = mpsc::channel(config.queue_capacity.max(1));
+        tokio::spawn(writer::run(
+            Arc::clone(&store),
+            rx,
+            config.batch_max.max(1),
+            Arc::clone(&metrics),
+        ));
+        let recorder = Arc::new(Self {
+            redactor: Redactor::new(&config.redact)?,
+            config,
+            queue,
+            sessions: Mutex::new(Sessions::default()),
+            metrics,
+            store,
+        });
+        Ok(recorder)
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a write without waiting; a full queue drops it (counted).
+    fn enqueue(&self, op: WriteOp) {
+        let entries = writer::count(&op);
+        match self.queue.try_send(Message::Write(op)) {
+            Ok(()) => {
+                self.metrics.recorder_queue.inc_by(entries);
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.dropped("queue_full");
+                tracing::error!("the recorder queue is full: a write was dropped");
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => self.dropped("shutting_down"),
+        }
+    }
+
+    /// Queues evaluations (explicit feedback now; the filters' scores later).
+    pub fn enqueue_evaluations(&self, evaluations: Vec<clawback_datapool::Evaluation>) {
+        self.enqueue(WriteOp::AppendEvaluations { evaluations });
+    }
+
+    fn dropped(&self, reason: &'static str) {
+        self.metrics
+            .records_dropped
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Decides the call's trajectory and records the previous step's next state.
+    pub fn begin(
+        &self,
+        tenant: TenantId,
+        hints: &Hints,
+        endpoint: Endpoint,
+        body: &Value,
+        traceparent: Option<String>,
+    ) -> Call {
+        let mut request = request::step_request(endpoint, body);
+        for message in &mut request.messages {
+            self.redactor.value(message);
+        }
+        let mut sessions = self.sessions();
+        let named = hints
+            .session
+            .as_ref()
+            .and_then(|(name, _)| sessions.by_name.get(&(tenant.clone(), name.clone())))
+            .copied()
+            .filter(|id| sessions.live.contains_key(id));
+        let trajectory = match named {
+            Some(id) => id,
+            None => self.open(&mut sessions, &tenant, hints, body),
+        };
+        let mut next_state = None;
+        if let Some(live) = sessions.live.get_mut(&trajectory) {
+            live.last_seen = Instant::now();
+            live.in_flight += 1;
+            if let Some(step) = live.last_step {
+                let added = added_messages(&request.messages, live.covered);
+                next_state = Some((step, added));
+            }
+        }
+        drop(sessions);
+        if let Some((step, messages)) = next_state {
+            self.enqueue(WriteOp::SetNextState {
+                tenant: tenant.clone(),
+                trajectory,
+                step,
+                next_state: NextState {
+                    messages,
+                    observed_at: UnixMs::now(),
+                },
+            });
+        }
+        Call {
+            tenant,
+            trajectory,
+            endpoint,
+            request,
+            trainable: !hints.side_turn,
+            done: hints.done,
+            started_at: UnixMs::now(),
+            traceparent,
+        }
+    }
+
+    /// Opens a new trajectory for a call (and its group, on first sight).
+    fn open(
+        &self,
+        sessions: &mut Sessions,
+        tenant: &TenantId,
+        hints: &Hints,
+        body: &Value,
+    ) -> TrajectoryId {
+        let id = hints
+            .session
+            .as_ref()
+            .and_then(|(name, _)| name.parse::<TrajectoryId>().ok())
+            .filter(|id| !sessions.live.contains_key(id))
+            .unwrap_or_default();
+        let mut trajectory = Trajectory::open(tenant.clone(), id);
+        if let Some((name, source)) = &hints.session {
+            trajectory
+                .metadata
+                .insert("session".to_owned(), json!(name));
+            trajectory
+                .metadata
+                .insert("session_source".to_owned(), json!(source.as_str()));
+            sessions.by_name.insert((tenant.clone(), name.clone()), id);
+        }
+        if let Some(Value::Object(metadata)) = body.get("metadata") {
+            merge_metadata(&mut trajectory.metadata, metadata);
+        }
+        if let Some((group, size)) = &hints.group {
+            let key = (tenant.clone(), group.clone());
+            let group_id = *sessions.groups.entry(key).or_default();
+            sessions.tenants_with_groups.insert(tenant.clone());
+            trajectory.metadata.insert("group".to_owned(), json!(group));
+            trajectory.group = Some(GroupMembership {
+                id: group_id,
+                size: *size,
+            });
+        }
+        sessions.live.insert(
+            id,
+            Live {
+                tenant: tenant.clone(),
+                name: hints.session.as_ref().map(|(name, _)| name.clone()),
+                next_index: 0,
+                last_step: None,
+                covered: 0,
+                last_seen: Instant::now(),
+                in_flight: 0,
+                complete_after: None,
+            },
+        );
+        self.metrics.trajectories_started.inc();
+        self.enqueue(WriteOp::UpsertTrajectory { trajectory });
+        id
+    }
+
+    /// Opens a trajectory from the handshake API; calls name it by its id.
+    pub fn create(
+        &self,
+        tenant: TenantId,
+        group: Option<(String, u32)>,
+        metadata: Map<String, Value>,
+    ) -> TrajectoryId {
+        let hints = Hints {
+            group,
+            ..Hints::default()
+        };
+        let mut sessions = self.sessions();
+        let id = self.open(
+            &mut sessions,
+            &tenant,
+            &hints,
+            &json!({ "metadata": metadata }),
+        );
+        sessions.by_name.insert((tenant, id.to_string()), id);
+        id
+    }
+
+    /// Records the step of a call whose response was read to its end.
+    pub fn finish(&self, call: Call, outcome: Outcome) {
+        let mut output = outcome.output;
+        if let Some(content) = output.content.as_mut() {
+            self.redactor.text(content);
+        }
+        for call_value in &mut output.tool_calls {
+            self.redactor.value(call_value);
+        }
+        let covered = call.request.messages.len() + 1;
+        let (index, step_id) = {
+            let mut sessions = self.sessions();
+            let Some(live) = sessions.live.get_mut(&call.trajectory) else {
+                // Completions wait for calls in flight, so this is a call that raced one.
+                drop(sessions);
+                self.dropped("trajectory_not_live");
+                return;
+            };
+            let index = live.next_index;
+            let step_id = StepId::new();
+            live.next_index += 1;
+            live.last_step = Some(step_id);
+            live.covered = covered;
+            live.last_seen = Instant::now();
+            live.in_flight = live.in_flight.saturating_sub(1);
+            (index, step_id)
+        };
+        let step = Step {
+            schema_version: SCHEMA_VERSION,
+            id: step_id,
+            tenant: call.tenant.clone(),
+            trajectory: call.trajectory,
+            index,
+            trainable: call.trainable && outcome.complete,
+            endpoint: call.endpoint,
+            request: call.request,
+            output,
+            tokens: outcome.tokens,
+            policy: None,
+            upstream: outcome.upstream,
+            finish_reason: outcome.finish_reason,
+            usage: outcome.usage,
+            timings: Timings {
+                started_at: call.started_at,
+                first_token_at: outcome.first_token_at,
+                finished_at: outcome.finished_at,
+            },
+            next_state: None,
+            traceparent: call.traceparent,
+        };
+        self.metrics.steps_recorded.inc();
+        self.enqueue(WriteOp::AppendSteps { steps: vec![step] });
+        if call.done {
+            self.complete(&call.tenant, call.trajectory, CompletionReason::DoneHeader);
+        } else {
+            self.complete_if_pending(call.trajectory);
+        }
+    }
+
+    /// Runs a completion that waited for the trajectory's calls in flight.
+    fn complete_if_pending(&self, trajectory: TrajectoryId) {
+        let pending = self
+            .sessions()
+            .live
+            .get(&trajectory)
+            .filter(|live| live.in_flight == 0)
+            .and_then(|live| {
+                live.complete_after
+                    .map(|reason| (live.tenant.clone(), reason))
+            });
+        if let Some((tenant, reason)) = pending {
+            self.complete(&tenant, trajectory, reason);
+        }
+    }
+
+    /// A call that produced no step (the upstream refused it): only its in-flight mark goes.
+    pub fn abandon(&self, call: &Call) {
+        if let Some(live) = self.sessions().live.get_mut(&call.trajectory) {
+            live.in_flight = live.in_flight.saturating_sub(1);
+            live.last_seen = Instant::now();
+        }
+        self.complete_if_pending(call.trajectory);
+    }
+
+    /// Completes a live trajectory of `tenant` — once its calls in flight are recorded, so the
+    /// last turn is never cut off. `false` if `tenant` has no live trajectory with that id.
+    pub fn complete(
+        &self,
+        tenant: &TenantId,
+        trajectory: TrajectoryId,
+        reason: CompletionReason,
+    ) -> bool {
+        {
+            let mut sessions = self.sessions();
+            match sessions.live.get_mut(&trajectory) {
+                Some(live) if live.tenant == *tenant && live.in_flight > 0 => {
+                    live.complete_after = Some(reason);
+                    return true;
+                }
+                Some(live) if live.tenant == *tenant => {}
+                _ => return false,
+            }
+            if let Some(live) = sessions.live.remove(&trajectory) {
+                if let Some(name) = live.name {
+                    let key = (live.tenant, name);
+                    if sessions.by_name.get(&key) == Some(&trajectory) {
+                        sessions.by_name.remove(&key);
+                    }
+                }
+            }
+            let handshake_key = (tenant.clone(), trajectory.to_string());
+            sessions.by_name.remove(&handshake_key);
+        }
+        self.metrics
+            .trajectories_completed
+            .get_or_create(&ReasonLabels {
+                reason: reason_label(reason),
+            })
+            .inc();
+        self.enqueue(WriteOp::CompleteTrajectory {
+            request: Complete::now(tenant.clone(), trajectory, reason),
+        });
+        true
+    }
+
+    /// Whether `trajectory` is live for `tenant`.
+    pub fn is_live(&self, tenant: &TenantId, trajectory: &TrajectoryId) -> bool {
+        self.sessions()
+            .live
+            .get(trajectory)
+            .is_some_and(|live| live.tenant == *tenant)
+    }
+
+    /// The tenant a live trajectory belongs to.
+    pub fn tenant_of(&self, trajectory: &TrajectoryId) -> Option<TenantId> {
+        self.sessions()
+            .live
+            .get(trajectory)
+            .map(|live| live.tenant.clone())
+    }
+
+    /// Completes trajectories idle past the timeout, and releases groups past theirs.
+    pub async fn sweep(&self) {
+        let idle = self.config.idle_timeout;
+        let expired: Vec<(TenantId, TrajectoryId)> = self
+            .sessions()
+            .live
+            .iter()
+            .filter(|(_, live)| live.in_flight == 0 && live.last_seen.elapsed() >= idle)
+            .map(|(id, live)| (live.tenant.clone(), *id))
+            .collect();
+        for (tenant, id) in expired {
+            self.complete(&tenant, id, CompletionReason::IdleTimeout);
+        }
+        let tenants: Vec<TenantId> = self
+            .sessions()
+            .tenants_with_groups
+            .iter()
+            .cloned()
+            .collect();
+        let cutoff = UnixMs::now().saturating_sub(self.config.group_timeout);
+        for tenant in tenants {
+            match self.store.expire_groups(&tenant, cutoff).await {
+                Ok(groups) if !groups.is_empty() => {
+                    tracing::info!(tenant = %tenant.as_str(), groups = groups.len(), "groups released as partial after their timeout");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(tenant = %tenant.as_str(), error = %e, "could not expire groups")
+                }
+            }
+        }
+    }
+
+    /// Runs [`Recorder::sweep`] periodically until `stop` resolves.
+    pub async fn sweep_until(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        let tick =
+            (self.config.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(tick) => self.sweep().await,
+                () = &mut stop => return,
+            }
+        }
+    }
+
+    /// Completes every live trajectory (at shutdown: their sessions cannot continue in a new
+    /// process, which starts from an empty session table).
+    pub fn complete_all(&self) {
+        let live: Vec<(TenantId, TrajectoryId)> = self
+            .sessions()
+            .live
+            .iter()
+            .map(|(id, live)| (live.tenant.clone(), *id))
+            .collect();
+        for (tenant, id) in live {
+            self.complete(&tenant, id, CompletionReason::IdleTimeout);
+        }
+    }
+
+    /// Applies every write queued so far, then stops the writer.
+    pub async fn close(&self) {
+        let (done, applied) = oneshot::channel();
+        if self.queue.send(Message::Close(done)).await.is_ok() {
+            let _ = applied.await;
+        }
+    }
+}
+
+/// What a call added after the previous call's messages and reply. If the history shrank (the
+/// agent compacted it), what follows the last assistant message is taken instead.
+fn added_messages(messages: &[Value], covered: usize) -> Vec<Value> {
+    if messages.len() > covered && covered > 0 {
+        return messages[covered..].to_vec();
+    }
+    let after_last_reply = messages
+        .iter()
+        .rposition(|m| m["role"] == "assistant" || m["type"] == "function_call")
+        .map_or(0, |i| i + 1);
+    messages[after_last_reply..].to_vec()
+}
+
+/// Copies the call's `metadata` onto the trajectory, leaving the sidecar's own keys.
+fn merge_metadata(into: &mut Map<String, Value>, from: &Map<String, Value>) {
+    for (key, value) in from {
+        into.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_state_is_what_follows_the_previous_reply() {
+        let history = vec![
+            json!({"role": "user", "content": "weather?"}),
+            json!({"role": "assistant", "tool_calls": [{"id": "c1"}]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"}),
+        ];
+        assert_eq!(added_messages(&history, 2), vec![history[2].clone()]);
+        // A compacted history: whatever follows the last reply.
+        assert_eq!(added_messages(&history[1..], 5), vec![history[2].clone()]);
+    }
+}

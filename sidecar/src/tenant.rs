@@ -1,0 +1,202 @@
+//! Whose data a call is: the tenant comes from the call's API key (looked up by its SHA-256, so
+//! the config never holds a key in clear), or from `X-Clawback-Tenant` when the sidecar sits
+//! behind a trusted gateway. A client can only ever act as the tenant its key maps to.
+
+use std::collections::HashMap;
+
+use clawback_datapool::TenantId;
+use http::{header, HeaderMap};
+use sha2::{Digest, Sha256};
+
+use crate::config::Tenants;
+
+pub const TENANT_HEADER: &str = "x-clawback-tenant";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error(
+        "key {key:?} must be \"sha256:\" followed by 64 hex digits (the SHA-256 of the API key)"
+    )]
+    BadKeyHash { key: String },
+    #[error("tenant {tenant:?} is not a valid tenant id: {reason}")]
+    BadTenant { tenant: String, reason: String },
+}
+
+/// Why a call has no tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unresolved {
+    /// The key is unknown and there is no default tenant.
+    UnknownKey,
+    /// The trusted header names an invalid tenant id.
+    BadHeader,
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantResolver {
+    by_key_hash: HashMap<[u8; 32], TenantId>,
+    default: Option<TenantId>,
+    trusted_header: bool,
+}
+
+fn tenant_id(raw: &str) -> Result<TenantId, TenantError> {
+    TenantId::new(raw).map_err(|e| TenantError::BadTenant {
+        tenant: raw.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+impl TenantResolver {
+    pub fn new(config: &Tenants) -> Result<Self, TenantError> {
+        let mut by_key_hash = HashMap::new();
+        for (key, tenant) in &config.keys {
+            let hash =
+                parse_key_hash(key).ok_or_else(|| TenantError::BadKeyHash { key: key.clone() })?;
+            by_key_hash.insert(hash, tenant_id(tenant)?);
+        }
+        let default = config.default.as_deref().map(tenant_id).transpose()?;
+        Ok(Self {
+            by_key_hash,
+            default,
+            trusted_header: config.trusted_header,
+        })
+    }
+
+    pub fn resolve(&self, headers: &HeaderMap) -> Result<TenantId, Unresolved> {
+        if self.trusted_header {
+            if let Some(value) = headers.get(TENANT_HEADER) {
+                return value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| TenantId::new(v).ok())
+                    .ok_or(Unresolved::BadHeader);
+            }
+        }
+        let known = bearer_key(headers)
+            .map(|key| Sha256::digest(key.as_bytes()).into())
+            .and_then(|hash: [u8; 32]| self.by_key_hash.get(&hash));
+        match (known, &self.default) {
+            (Some(tenant), _) | (None, Some(tenant)) => Ok(tenant.clone()),
+            (None, None) => Err(Unresolved::UnknownKey),
+        }
+    }
+}
+
+/// The API key of `Authorization: Bearer <key>` (OpenAI SDKs) or `api-key: <key>` (Azure style).
+fn bearer_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(auth) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        let (scheme, key) = auth.split_once(' ')?;
+        return scheme.eq_ignore_ascii_case("bearer").then(|| key.trim());
+    }
+    headers.get("api-key").and_then(|v| v.to_str().ok())
+}
+
+fn parse_key_hash(key: &str) -> Option<[u8; 32]> {
+    let hex = key.strip_prefix("sha256:")?;
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// `sha256:<hex>` of an API key, the form the config stores (`clawback-sidecar hash-key`).
+pub fn key_hash(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn resolver(default: Option<&str>, trusted_header: bool) -> TenantResolver {
+        let mut keys = BTreeMap::new();
+        keys.insert(key_hash("sk-alpha"), "alpha".to_owned());
+        keys.insert(key_hash("sk-beta"), "beta".to_owned());
+        TenantResolver::new(&Tenants {
+            default: default.map(str::to_owned),
+            trusted_header,
+            keys,
+        })
+        .unwrap()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn a_known_key_maps_to_its_tenant() {
+        let r = resolver(None, false);
+        let t = r
+            .resolve(&headers(&[("authorization", "Bearer sk-beta")]))
+            .unwrap();
+        assert_eq!(t.as_str(), "beta");
+    }
+
+    #[test]
+    fn an_unknown_key_goes_to_the_default_or_is_refused() {
+        let h = headers(&[("authorization", "Bearer sk-nobody")]);
+        assert_eq!(
+            resolver(Some("public"), false)
+                .resolve(&h)
+                .unwrap()
+                .as_str(),
+            "public"
+        );
+        assert_eq!(
+            resolver(None, false).resolve(&h),
+            Err(Unresolved::UnknownKey)
+        );
+        assert_eq!(
+            resolver(None, false).resolve(&HeaderMap::new()),
+            Err(Unresolved::UnknownKey)
+        );
+    }
+
+    #[test]
+    fn the_tenant_header_is_ignored_unless_trusted() {
+        let h = headers(&[
+            ("authorization", "Bearer sk-alpha"),
+            (TENANT_HEADER, "beta"),
+        ]);
+        assert_eq!(resolver(None, false).resolve(&h).unwrap().as_str(), "alpha");
+        assert_eq!(resolver(None, true).resolve(&h).unwrap().as_str(), "beta");
+        let bad = headers(&[(TENANT_HEADER, "no/such{tenant}")]);
+        assert_eq!(
+            resolver(None, true).resolve(&bad),
+            Err(Unresolved::BadHeader)
+        );
+    }
+
+    #[test]
+    fn keys_in_clear_are_refused_in_the_config() {
+        let mut keys = BTreeMap::new();
+        keys.insert("sk-alpha".to_owned(), "alpha".to_owned());
+        let config = Tenants {
+            default: None,
+            trusted_header: false,
+            keys,
+        };
+        assert!(matches!(
+            TenantResolver::new(&config),
+            Err(TenantError::BadKeyHash { .. })
+        ));
+    }
+}
