@@ -1,0 +1,20 @@
+//! clawback's trainer: a Llama/Qwen-family decoder in tch, LoRA adapters in PEFT format,
+//! the RL losses, and the tokenizer + chat template that turn conversations into ids.
+
+pub mod chat_template;
+pub mod config;
+pub mod kv_cache;
+pub mod lora;
+pub mod model;
+mod pyjson;
+pub mod rope;
+mod safetensors_io;
+pub mod tokenizer;
+pub mod weights;
+
+pub use chat_template::{ChatInput, ChatTemplate};
+pub use config::{Family, ModelConfig, RopeScaling};
+pub use kv_cache::KvCache;
+pub use lora::{AdapterRegistry, LoraAdapter, LoraConfig, Target};
+pub use model::{Model, ModelError, Placement};
+pub use tokenizer::Tokenizer;
