@@ -3,6 +3,7 @@
 
 pub mod chat_template;
 pub mod config;
+pub mod generate;
 pub mod kv_cache;
 pub mod lora;
 pub mod model;
@@ -14,6 +15,7 @@ pub mod weights;
 
 pub use chat_template::{ChatInput, ChatTemplate};
 pub use config::{Family, ModelConfig, RopeScaling};
+pub use generate::{generate, Generation, SamplingParams};
 pub use kv_cache::KvCache;
 pub use lora::{AdapterRegistry, LoraAdapter, LoraConfig, Target};
 pub use model::{Model, ModelError, Placement};

@@ -219,7 +219,22 @@ struct PeftConfig {
     alpha_pattern: BTreeMap<String, Value>,
     #[serde(default = "init_true")]
     init_lora_weights: Value,
+    /// Newer PEFT options we do not implement; each must be absent, null, false or empty.
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
 }
+
+/// PEFT options that change the computation; an adapter that sets one is refused rather
+/// than served with a different delta than the one it was trained with.
+const MUST_BE_OFF: [&str; 7] = [
+    "lora_bias",
+    "use_qalora",
+    "layer_replication",
+    "trainable_token_indices",
+    "target_parameters",
+    "exclude_modules",
+    "alora_invocation_tokens",
+];
 
 fn lora_type() -> String {
     "LORA".to_owned()
@@ -233,7 +248,8 @@ fn init_true() -> Value {
 
 impl PeftConfig {
     fn to_lora_config(&self) -> Result<LoraConfig, LoraError> {
-        let unsupported = |option, value: String| Err(LoraError::Unsupported { option, value });
+        let unsupported =
+            |option: &'static str, value: String| Err(LoraError::Unsupported { option, value });
         if self.peft_type != "LORA" {
             return unsupported("peft_type", self.peft_type.clone());
         }
@@ -254,6 +270,14 @@ impl PeftConfig {
         }
         if matches!(&self.layers_to_transform, Some(v) if !v.is_null()) {
             return unsupported("layers_to_transform", "non-empty".to_owned());
+        }
+        for option in MUST_BE_OFF {
+            match self.other.get(option) {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+                Some(Value::Array(a)) if a.is_empty() => {}
+                Some(Value::Object(o)) if o.is_empty() => {}
+                Some(v) => return unsupported(option, v.to_string()),
+            }
         }
         let targets = match &self.target_modules {
             Value::String(s) if s == "all-linear" => Target::ALL.to_vec(),
@@ -308,6 +332,7 @@ impl PeftConfig {
             rank_pattern: BTreeMap::new(),
             alpha_pattern: BTreeMap::new(),
             init_lora_weights: init_true(),
+            other: BTreeMap::new(),
         }
     }
 }

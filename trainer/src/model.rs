@@ -28,6 +28,8 @@ pub enum ModelError {
     InputShape { kind: Kind, shape: Vec<i64> },
     #[error("the KV cache was made for {cache} layers, the model has {model}")]
     CacheLayers { cache: usize, model: usize },
+    #[error("reading a result tensor failed: {0}")]
+    Tensor(String),
 }
 
 /// Which device and dtype the base weights live in.
