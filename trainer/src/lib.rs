@@ -6,6 +6,7 @@ pub mod config;
 pub mod generate;
 pub mod kv_cache;
 pub mod lora;
+pub mod losses;
 pub mod model;
 mod pyjson;
 pub mod rope;
