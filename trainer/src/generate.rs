@@ -174,23 +174,11 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ModelConfig;
-    use crate::model::Placement;
-
-    fn tiny_model() -> Model {
-        let config = ModelConfig::from_json(
-            r#"{"model_type": "qwen2", "vocab_size": 50, "hidden_size": 32,
-                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "tie_word_embeddings": true}"#,
-        )
-        .unwrap();
-        tch::manual_seed(3);
-        Model::random(config, Placement::cpu()).unwrap()
-    }
+    use crate::test_support::tiny_model;
 
     #[test]
     fn cached_decoding_gives_the_logits_of_a_full_forward_pass() {
-        let model = tiny_model();
+        let model = tiny_model(3);
         let ids: Vec<i64> = vec![3, 14, 15, 9, 26, 5, 35, 8];
         let full = model
             .forward(&Tensor::from_slice(&ids).unsqueeze(0), None, false)
@@ -210,7 +198,7 @@ mod tests {
 
     #[test]
     fn the_same_seed_samples_the_same_tokens_and_stop_ids_end_early() {
-        let model = tiny_model();
+        let model = tiny_model(3);
         let params = SamplingParams {
             max_new_tokens: 12,
             temperature: 1.0,

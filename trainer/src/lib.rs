@@ -11,6 +11,8 @@ pub mod model;
 mod pyjson;
 pub mod rope;
 mod safetensors_io;
+#[cfg(test)]
+mod test_support;
 pub mod tokenizer;
 pub mod weights;
 

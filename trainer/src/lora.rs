@@ -588,3 +588,179 @@ impl AdapterRegistry {
         names
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{tiny_config, tiny_model};
+
+    fn ids() -> Tensor {
+        Tensor::from_slice(&[1i64, 7, 3, 42, 9, 0]).view([1, 6])
+    }
+
+    fn randomized(adapter: LoraAdapter) -> LoraAdapter {
+        tch::no_grad(|| {
+            for (_, mut var) in adapter.var_store().variables() {
+                var.copy_(&(Tensor::randn(var.size(), (Kind::Float, Device::Cpu)) * 0.1));
+            }
+        });
+        adapter
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn a_fresh_adapter_leaves_the_base_unchanged_because_b_starts_at_zero() {
+        let model = tiny_model(1);
+        let adapter = LoraAdapter::new(model.config(), LoraConfig::default(), Device::Cpu).unwrap();
+        let base = model.forward(&ids(), None, false).unwrap();
+        let adapted = model.forward(&ids(), Some(&adapter), false).unwrap();
+        assert_eq!(max_diff(&base, &adapted), 0.0);
+        // A is kaiming-uniform: within ±1/sqrt(fan_in) and not all zero.
+        let a = &adapter.pair(0, Target::Q).unwrap().a;
+        let bound = 1.0 / (model.config().hidden_size as f64).sqrt();
+        assert!(a.abs().max().double_value(&[]) <= bound);
+        assert!(a.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+    }
+
+    #[test]
+    fn the_delta_is_alpha_over_r_times_b_a_x() {
+        let config = tiny_config();
+        let lora = LoraConfig {
+            rank: 2,
+            alpha: 6.0,
+            targets: vec![Target::V],
+            ..LoraConfig::default()
+        };
+        let adapter = randomized(LoraAdapter::new(&config, lora, Device::Cpu).unwrap());
+        let x = Tensor::randn([3, config.hidden_size], (Kind::Float, Device::Cpu));
+        let pair = adapter.pair(1, Target::V).unwrap();
+        let want = x.matmul(&pair.a.tr()).matmul(&pair.b.tr()) * 3.0;
+        let got = adapter.delta(&x, 1, Target::V, false).unwrap();
+        assert!(max_diff(&got, &want) < 1e-6);
+        assert!(adapter.delta(&x, 1, Target::Q, false).is_none());
+    }
+
+    #[test]
+    fn dropout_acts_only_while_training() {
+        let config = tiny_config();
+        let lora = LoraConfig {
+            dropout: 0.5,
+            ..LoraConfig::default()
+        };
+        let adapter = randomized(LoraAdapter::new(&config, lora, Device::Cpu).unwrap());
+        let x = Tensor::ones([4, config.hidden_size], (Kind::Float, Device::Cpu));
+        let eval_a = adapter.delta(&x, 0, Target::Up, false).unwrap();
+        let eval_b = adapter.delta(&x, 0, Target::Up, false).unwrap();
+        assert_eq!(max_diff(&eval_a, &eval_b), 0.0);
+        let train = adapter.delta(&x, 0, Target::Up, true).unwrap();
+        assert!(max_diff(&eval_a, &train) > 0.0);
+    }
+
+    #[test]
+    fn a_saved_adapter_loads_back_with_the_same_factors_and_peft_config() {
+        let model = tiny_model(2);
+        let lora = LoraConfig {
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.05,
+            targets: vec![Target::Q, Target::Down],
+            use_rslora: false,
+        };
+        let adapter =
+            randomized(LoraAdapter::new(model.config(), lora.clone(), Device::Cpu).unwrap());
+        let dir = std::env::temp_dir().join(format!("clawback-lora-{}", std::process::id()));
+        adapter.save(&dir, Some("Qwen/Qwen2.5-0.5B")).unwrap();
+
+        let written: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap()).unwrap();
+        assert_eq!(written["peft_type"], "LORA");
+        assert_eq!(written["r"], 4);
+        assert_eq!(written["lora_alpha"], 8.0);
+        assert_eq!(written["bias"], "none");
+        assert_eq!(
+            written["target_modules"],
+            serde_json::json!(["q_proj", "down_proj"])
+        );
+        let names: Vec<String> = Tensor::read_safetensors(dir.join(WEIGHTS_FILE))
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert!(names
+            .contains(&"base_model.model.model.layers.1.mlp.down_proj.lora_B.weight".to_owned()));
+        assert_eq!(names.len(), 2 * 2 * 2);
+
+        let loaded = LoraAdapter::load(&dir, model.config(), Device::Cpu).unwrap();
+        assert_eq!(loaded.config(), &lora);
+        let a = model.forward(&ids(), Some(&adapter), false).unwrap();
+        let b = model.forward(&ids(), Some(&loaded), false).unwrap();
+        assert_eq!(max_diff(&a, &b), 0.0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn peft_options_we_do_not_implement_are_refused_by_name() {
+        let base = r#""r": 8, "lora_alpha": 16"#;
+        for (extra, option) in [
+            (
+                r#""use_dora": true, "target_modules": ["q_proj"]"#,
+                "use_dora",
+            ),
+            (
+                r#""lora_bias": true, "target_modules": ["q_proj"]"#,
+                "lora_bias",
+            ),
+            (r#""bias": "all", "target_modules": ["q_proj"]"#, "bias"),
+            (r#""target_modules": "model.*q_proj""#, "target_modules"),
+        ] {
+            let peft: PeftConfig = serde_json::from_str(&format!("{{{base}, {extra}}}")).unwrap();
+            match peft.to_lora_config() {
+                Err(LoraError::Unsupported { option: o, .. }) => assert_eq!(o, option),
+                other => panic!("{extra}: {other:?}"),
+            }
+        }
+        let peft: PeftConfig =
+            serde_json::from_str(r#"{"r": 8, "lora_alpha": 16, "target_modules": ["lm_head"]}"#)
+                .unwrap();
+        assert!(matches!(
+            peft.to_lora_config(),
+            Err(LoraError::UnknownTarget(_))
+        ));
+    }
+
+    #[test]
+    fn tenants_adapters_share_one_base_and_each_pass_picks_one_or_none() {
+        let model = tiny_model(4);
+        let mut registry = AdapterRegistry::new();
+        for (name, seed) in [("tenant-a@v1", 10), ("tenant-b@v3", 11)] {
+            tch::manual_seed(seed);
+            let adapter =
+                LoraAdapter::new(model.config(), LoraConfig::default(), Device::Cpu).unwrap();
+            registry.insert(name, randomized(adapter));
+        }
+        assert_eq!(registry.names(), vec!["tenant-a@v1", "tenant-b@v3"]);
+        let base = model.forward(&ids(), None, false).unwrap();
+        let a = model
+            .forward(&ids(), Some(registry.get("tenant-a@v1").unwrap()), false)
+            .unwrap();
+        let b = model
+            .forward(&ids(), Some(registry.get("tenant-b@v3").unwrap()), false)
+            .unwrap();
+        assert!(
+            max_diff(&a, &base) > 1e-3 && max_diff(&b, &base) > 1e-3 && max_diff(&a, &b) > 1e-3
+        );
+        // The base is untouched by either adapter.
+        assert_eq!(
+            max_diff(&model.forward(&ids(), None, false).unwrap(), &base),
+            0.0
+        );
+        assert!(registry.remove("tenant-a@v1").is_some());
+        assert!(matches!(
+            registry.get("tenant-a@v1"),
+            Err(LoraError::NotRegistered(_))
+        ));
+    }
+}
