@@ -1,6 +1,7 @@
 //! clawback's trainer: a Llama/Qwen-family decoder in tch, LoRA adapters in PEFT format,
 //! the RL losses, and the tokenizer + chat template that turn conversations into ids.
 
+pub mod bench;
 pub mod chat_template;
 pub mod config;
 pub mod generate;
@@ -8,9 +9,11 @@ pub mod kv_cache;
 pub mod lora;
 pub mod losses;
 pub mod model;
+pub mod optim;
 mod pyjson;
 pub mod rope;
 mod safetensors_io;
+pub mod schedule;
 #[cfg(test)]
 mod test_support;
 pub mod tokenizer;

@@ -66,6 +66,24 @@ impl Placement {
     }
 }
 
+impl std::str::FromStr for Placement {
+    type Err = String;
+
+    /// `auto`, `cpu`, `cuda` or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::best_available()),
+            "cpu" => Ok(Self::cpu()),
+            "cuda" => Ok(Self::cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::cuda)
+                .ok_or_else(|| format!("unknown device {s:?} (auto, cpu, cuda, cuda:N)")),
+        }
+    }
+}
+
 struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
@@ -312,9 +330,10 @@ impl Model {
         Self::from_checkpoint(config, &mut ck, placement)
     }
 
-    /// A model of `config` with random weights (see [`Checkpoint::random`]).
+    /// A model of `config` with random weights, initialised as transformers does
+    /// (see [`Checkpoint::random`]).
     pub fn random(config: ModelConfig, placement: Placement) -> Result<Self, ModelError> {
-        let mut ck = Checkpoint::random(placement.device, placement.kind);
+        let mut ck = Checkpoint::random(placement.device, placement.kind, 0.02);
         Self::from_checkpoint(config, &mut ck, placement)
     }
 
@@ -374,21 +393,7 @@ impl Model {
 
     /// Parameters in the base model (embeddings counted once when tied).
     pub fn num_parameters(&self) -> i64 {
-        let c = &self.config;
-        let per_layer: i64 = Target::ALL
-            .iter()
-            .map(|t| {
-                let (i, o) = t.dims(c);
-                i * o
-            })
-            .sum::<i64>()
-            + 2 * c.hidden_size;
-        let head = if c.tie_word_embeddings {
-            0
-        } else {
-            c.vocab_size * c.hidden_size
-        };
-        c.vocab_size * c.hidden_size + c.num_layers * per_layer + c.hidden_size + head
+        parameter_count(&self.config)
     }
 
     /// Logits `[batch, seq, vocab]` for `input_ids` `[batch, seq]`, causally masked.
@@ -475,4 +480,19 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Parameters of a model of `c` (embeddings counted once when tied), without building it.
+pub fn parameter_count(c: &ModelConfig) -> i64 {
+    let projections: i64 = Target::ALL
+        .iter()
+        .map(|t| {
+            let (fan_in, fan_out) = t.dims(c);
+            fan_in * fan_out
+        })
+        .sum();
+    let norms = 2 * c.hidden_size + if c.qk_norm { 2 * c.head_dim } else { 0 };
+    let embeddings = c.vocab_size * c.hidden_size;
+    let head = if c.tie_word_embeddings { 0 } else { embeddings };
+    embeddings + c.num_layers * (projections + norms) + c.hidden_size + head
 }

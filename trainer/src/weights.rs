@@ -57,7 +57,11 @@ pub struct Checkpoint {
 
 enum Source {
     Loaded(HashMap<String, Tensor>),
-    Random { device: Device, kind: Kind },
+    Random {
+        device: Device,
+        kind: Kind,
+        std: f64,
+    },
 }
 
 impl Checkpoint {
@@ -93,10 +97,11 @@ impl Checkpoint {
     }
 
     /// Hands out random tensors of whatever shape is asked for: norm weights 1, biases 0,
-    /// everything else N(0, 0.02) like transformers' initialiser. Seed with `tch::manual_seed`.
-    pub fn random(device: Device, kind: Kind) -> Self {
+    /// everything else N(0, std²) (transformers initialises with std 0.02). Seed with
+    /// `tch::manual_seed`.
+    pub fn random(device: Device, kind: Kind, std: f64) -> Self {
         Checkpoint {
-            source: Source::Random { device, kind },
+            source: Source::Random { device, kind, std },
         }
     }
 
@@ -104,14 +109,14 @@ impl Checkpoint {
     pub fn take(&mut self, name: &str, shape: &[i64]) -> Result<Tensor, WeightsError> {
         let tensors = match &mut self.source {
             Source::Loaded(tensors) => tensors,
-            Source::Random { device, kind } => {
+            Source::Random { device, kind, std } => {
                 let options = (*kind, *device);
                 return Ok(if name.ends_with("norm.weight") {
                     Tensor::ones(shape, options)
                 } else if name.ends_with(".bias") {
                     Tensor::zeros(shape, options)
                 } else {
-                    Tensor::randn(shape, options) * 0.02
+                    Tensor::randn(shape, options) * *std
                 });
             }
         };
