@@ -173,7 +173,7 @@ impl TryFrom<RawConfig> for ModelConfig {
 
     fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
         let family = match raw.model_type.as_str() {
-            "llama" | "mistral" => Family::Llama,
+            "llama" => Family::Llama,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             other => return Err(ConfigError::UnsupportedModelType(other.to_owned())),

@@ -109,6 +109,38 @@ fn qwen3_with_qk_norms_matches_transformers() {
 }
 
 #[test]
+fn bf16_weights_stay_close_to_the_f32_reference() {
+    // The CUDA placement's dtype, run on the CPU: exercises every cast (norms in f32,
+    // rope tables, the f32 LoRA delta) without a GPU.
+    let dir = fixtures().join("qwen3");
+    let placement = Placement {
+        device: tch::Device::Cpu,
+        kind: Kind::BFloat16,
+    };
+    let model = Model::load(&dir, placement).unwrap();
+    let reference_file = dir.join("reference.safetensors");
+    let ids = reference(&reference_file, "input_ids");
+    let adapter = LoraAdapter::load(
+        &fixtures().join("qwen3-peft-adapter"),
+        model.config(),
+        tch::Device::Cpu,
+    )
+    .unwrap();
+    let ours = tch::no_grad(|| model.forward(&ids, None, false).unwrap());
+    assert_eq!(ours.kind(), Kind::BFloat16);
+    let want = reference(&reference_file, "logits");
+    let diff = max_abs_diff(&ours, &want);
+    let scale = want.abs().max().double_value(&[]);
+    println!("qwen3 in bf16: max diff {diff:.3e} on logits up to {scale:.2}");
+    assert!(
+        diff < 0.05 * scale,
+        "bf16 drifted: {diff} on a scale of {scale}"
+    );
+    let adapted = tch::no_grad(|| model.forward(&ids, Some(&adapter), false).unwrap());
+    assert_eq!(adapted.kind(), Kind::BFloat16);
+}
+
+#[test]
 fn greedy_generation_with_the_kv_cache_matches_transformers_generate() {
     for family in FAMILIES {
         let dir = fixtures().join(family);
