@@ -15,6 +15,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 use serde_json::Value as Json;
 
+use crate::json_file::{self, JsonFileError};
 use crate::pyjson::{self, DumpOptions};
 
 const TEMPLATE_NAME: &str = "chat";
@@ -28,12 +29,8 @@ pub enum TemplateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not valid JSON: {source}")]
-    Json {
-        path: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    ConfigFile(#[from] JsonFileError),
     #[error("{0} has no chat template (neither a chat_template field nor chat_template.jinja)")]
     NoTemplate(String),
     #[error("the chat template does not compile: {0}")]
@@ -104,11 +101,7 @@ impl ChatTemplate {
     pub fn from_dir(dir: &Path) -> Result<Self, TemplateError> {
         let config_path = dir.join("tokenizer_config.json");
         let config: Json = if config_path.exists() {
-            let text = read(&config_path)?;
-            serde_json::from_str(&text).map_err(|source| TemplateError::Json {
-                path: config_path.display().to_string(),
-                source,
-            })?
+            json_file::read(&config_path)?
         } else {
             Json::Null
         };

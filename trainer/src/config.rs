@@ -10,21 +10,15 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::json_file::{self, JsonFileError};
+
 /// What went wrong reading a model's `config.json`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path} is not a valid model config: {source}")]
-    Parse {
-        path: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    File(#[from] JsonFileError),
+    #[error("not a valid model config: {0}")]
+    Parse(#[source] serde_json::Error),
     #[error("model_type {0:?} is not a Llama/Qwen2/Qwen3-family decoder")]
     UnsupportedModelType(String),
     #[error("hidden_act {0:?} is not supported (only silu)")]
@@ -139,26 +133,13 @@ fn default_act() -> String {
 impl ModelConfig {
     /// Reads `config.json` from a model folder.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_json(&text).map_err(|e| match e {
-            ConfigError::Parse { source, .. } => ConfigError::Parse {
-                path: path.display().to_string(),
-                source,
-            },
-            other => other,
-        })
+        let raw: RawConfig = json_file::read(&dir.join("config.json"))?;
+        raw.try_into()
     }
 
     /// Parses the text of a `config.json`.
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|source| ConfigError::Parse {
-            path: "config.json".to_owned(),
-            source,
-        })?;
+        let raw: RawConfig = serde_json::from_str(text).map_err(ConfigError::Parse)?;
         raw.try_into()
     }
 

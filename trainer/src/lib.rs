@@ -5,6 +5,7 @@ pub mod bench;
 pub mod chat_template;
 pub mod config;
 pub mod generate;
+pub mod json_file;
 pub mod kv_cache;
 pub mod lora;
 pub mod losses;

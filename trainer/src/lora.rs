@@ -17,6 +17,7 @@ use serde_json::Value;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::config::ModelConfig;
+use crate::json_file::{self, JsonFileError};
 
 pub const CONFIG_FILE: &str = "adapter_config.json";
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
@@ -24,19 +25,15 @@ pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 /// What went wrong creating, loading or saving an adapter.
 #[derive(Debug, thiserror::Error)]
 pub enum LoraError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    ConfigFile(#[from] JsonFileError),
     #[error("cannot write {path}: {source}")]
     Write {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not a valid PEFT adapter config: {source}")]
+    #[error("cannot serialise the adapter config for {path}: {source}")]
     Config {
         path: String,
         #[source]
@@ -395,15 +392,7 @@ impl LoraAdapter {
 
     /// Loads a PEFT adapter directory written by us, by `peft`, or by another trainer.
     pub fn load(dir: &Path, model: &ModelConfig, device: Device) -> Result<Self, LoraError> {
-        let config_path = dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&config_path).map_err(|source| LoraError::Read {
-            path: config_path.display().to_string(),
-            source,
-        })?;
-        let peft: PeftConfig = serde_json::from_str(&text).map_err(|source| LoraError::Config {
-            path: config_path.display().to_string(),
-            source,
-        })?;
+        let peft: PeftConfig = json_file::read(&dir.join(CONFIG_FILE))?;
         let config = peft.to_lora_config()?;
 
         let weights_path = dir.join(WEIGHTS_FILE);

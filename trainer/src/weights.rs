@@ -11,23 +11,15 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 
+use crate::json_file::{self, JsonFileError};
+
 /// What went wrong reading a checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
     #[error("{dir} has neither model.safetensors nor model.safetensors.index.json")]
     NoCheckpoint { dir: String },
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path} is not a valid safetensors index: {source}")]
-    Index {
-        path: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("bad safetensors index: {0}")]
+    Index(#[from] JsonFileError),
     #[error("cannot load tensors from {path}: {source}")]
     Safetensors {
         path: String,
@@ -146,14 +138,7 @@ fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>, WeightsError> {
             dir: dir.display().to_string(),
         });
     }
-    let text = std::fs::read_to_string(&index_path).map_err(|source| WeightsError::Read {
-        path: index_path.display().to_string(),
-        source,
-    })?;
-    let index: ShardIndex = serde_json::from_str(&text).map_err(|source| WeightsError::Index {
-        path: index_path.display().to_string(),
-        source,
-    })?;
+    let index: ShardIndex = json_file::read(&index_path)?;
     let shards: BTreeSet<&String> = index.weight_map.values().collect();
     Ok(shards.into_iter().map(|s| dir.join(s)).collect())
 }
