@@ -127,8 +127,9 @@ pub fn run(spec: &BenchSpec) -> Result<BenchReport, BenchError> {
         };
         let (loss, _) = losses::policy_loss(&batch, &LossConfig::default())?;
         optimizer.backward_step(&loss);
-        if let tch::Device::Cuda(_) = device {
-            tch::Cuda::synchronize(0);
+        // Kernels run asynchronously: wait for them before reading the clock.
+        if let tch::Device::Cuda(ordinal) = device {
+            tch::Cuda::synchronize(ordinal as i64);
         }
         if step >= spec.warmup_steps {
             timed += start.elapsed().as_secs_f64();

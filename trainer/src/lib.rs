@@ -15,6 +15,7 @@ mod pyjson;
 pub mod rope;
 mod safetensors_io;
 pub mod schedule;
+pub mod scoring;
 #[cfg(test)]
 mod test_support;
 pub mod tokenizer;

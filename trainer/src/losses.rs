@@ -171,7 +171,8 @@ pub fn broadcast_step_rewards(
 
 /// Hint-guided on-policy distillation: `A_t = log π_teacher(a_t | s + hint) − log π_behaviour(a_t | s)`.
 /// The teacher's log-probs are of the same completion tokens under the hint-augmented prompt
-/// (see `chat_template::with_hint`), scored by the frozen base or the current policy.
+/// (see `chat_template::with_hint`), scored by `scoring::completion_logprobs` with the
+/// frozen base or the current policy as `scoring::Teacher`.
 pub fn opd_advantages(
     teacher_logprobs: &Tensor,
     behaviour_logprobs: &Tensor,
