@@ -51,6 +51,9 @@ enum Command {
         /// The device's dense peak in TFLOP/s, to print MFU (H100/H200 bf16: 989).
         #[arg(long)]
         peak_tflops: Option<f64>,
+        /// CPU threads for libtorch (default: its own choice, usually the core count).
+        #[arg(long)]
+        threads: Option<i32>,
         /// Print one JSON object instead of a line of text.
         #[arg(long)]
         json: bool,
@@ -91,8 +94,12 @@ fn main() -> Result<()> {
             warmup_steps,
             rank,
             peak_tflops,
+            threads,
             json,
         } => {
+            if let Some(threads) = threads {
+                tch::set_num_threads(threads);
+            }
             let (preset, name, defaults) = match preset {
                 PresetArg::Tiny => (Preset::Tiny, "tiny", (8, 64, 20)),
                 PresetArg::M100 => (Preset::M100, "100m", (1, 256, 3)),

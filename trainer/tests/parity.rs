@@ -270,3 +270,38 @@ fn chat_templates_render_tool_conversations_like_apply_chat_template() {
         assert_eq!(tokenizer.decode(&ids, false).unwrap(), text, "{label}");
     }
 }
+
+#[test]
+fn the_generate_command_answers_a_chat_message_with_a_model_folder() {
+    let dir = fixtures();
+    let folder = Path::new(env!("CARGO_TARGET_TMPDIR")).join("parity-chat-model");
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).unwrap();
+    for source in [dir.join("qwen2"), dir.join("tokenizer-qwen2.5")] {
+        for entry in std::fs::read_dir(source).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, folder.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_clawback-trainer"))
+        .args([
+            "generate",
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "12",
+            "--prompt",
+        ])
+        .arg("What's the weather in Zürich?")
+        .arg("--model")
+        .arg(&folder)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A random model says something random, but it says it in tokens the tokenizer decodes.
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+}

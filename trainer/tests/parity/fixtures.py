@@ -23,8 +23,10 @@ from safetensors.torch import save_file  # noqa: E402
 
 torch.set_num_threads(1)
 
+# The vocabulary is large enough for the tokenizer trained below (about 410 tokens), so a
+# model folder + tokenizer folder make a working chat model for the CLI test.
 COMMON = dict(
-    vocab_size=300,
+    vocab_size=512,
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
