@@ -78,6 +78,9 @@ pub struct ChatInput<'a> {
     /// OpenAI-shaped tool definitions (`{"type": "function", "function": {...}}`).
     pub tools: Option<&'a [Json]>,
     pub add_generation_prompt: bool,
+    /// Further template variables, as `apply_chat_template(**kwargs)` passes them
+    /// (e.g. Qwen3's `enable_thinking`).
+    pub extra: Option<&'a serde_json::Map<String, Json>>,
 }
 
 /// A compiled chat template, ready to render conversations.
@@ -151,13 +154,23 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(TemplateError::Render)?;
-        let ctx = minijinja::context! {
-            messages => Value::from(Serde(input.messages)),
-            tools => input.tools.map(|t| Value::from(Serde(t))),
-            documents => Value::from(()),
-            add_generation_prompt => input.add_generation_prompt,
-            ..Value::from(Serde(&self.special))
+        // Later sources win, as in transformers: special tokens, then kwargs, then the call's own.
+        let mut ctx = match serde_json::to_value(&self.special) {
+            Ok(Json::Object(map)) => map,
+            _ => serde_json::Map::new(),
         };
+        if let Some(extra) = input.extra {
+            ctx.extend(extra.clone());
+        }
+        ctx.insert("messages".to_owned(), Json::Array(input.messages.to_vec()));
+        let tools = input.tools.map_or(Json::Null, |t| Json::Array(t.to_vec()));
+        ctx.insert("tools".to_owned(), tools);
+        ctx.insert("documents".to_owned(), Json::Null);
+        ctx.insert(
+            "add_generation_prompt".to_owned(),
+            Json::Bool(input.add_generation_prompt),
+        );
+        let ctx = Value::from(Serde(ctx));
         template.render(ctx).map_err(TemplateError::Render)
     }
 }
@@ -249,6 +262,7 @@ mod tests {
             messages: &messages,
             tools: tools.as_deref(),
             add_generation_prompt: true,
+            extra: None,
         })
         .unwrap()
     }
@@ -299,6 +313,7 @@ mod tests {
                 messages: &[],
                 tools: None,
                 add_generation_prompt: false,
+                extra: None,
             })
             .unwrap_err();
         assert!(
@@ -322,6 +337,7 @@ mod tests {
                 messages: &messages,
                 tools: None,
                 add_generation_prompt: false,
+                extra: None,
             })
             .unwrap();
         assert_eq!(out, "<s>x</s>");

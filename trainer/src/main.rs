@@ -184,6 +184,7 @@ fn main() -> Result<()> {
                 messages: &messages,
                 tools: None,
                 add_generation_prompt: true,
+                extra: None,
             })?;
             let ids = tokenizer.encode(&text, false)?;
             let mut stop_token_ids = net.config().eos_token_ids.clone();

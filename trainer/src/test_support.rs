@@ -15,6 +15,8 @@ pub fn tiny_config() -> ModelConfig {
 
 /// A random model of [`tiny_config`], the same for the same seed.
 pub fn tiny_model(seed: i64) -> Model {
+    // A second thread only adds OpenMP spinning at this size.
+    tch::set_num_threads(1);
     tch::manual_seed(seed);
     Model::random(tiny_config(), Placement::cpu()).expect("random weights fit their config")
 }

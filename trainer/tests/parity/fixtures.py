@@ -376,6 +376,7 @@ def conversations():
             ],
             [WEATHER_TOOL, SEARCH_TOOL],
             True,
+            {},
         ),
         (
             "two parallel tool calls with text, two tool results in a row",
@@ -387,6 +388,7 @@ def conversations():
             ],
             [WEATHER_TOOL, SEARCH_TOOL],
             True,
+            {},
         ),
         (
             "arguments as an OpenAI JSON string",
@@ -407,6 +409,7 @@ def conversations():
             ],
             [WEATHER_TOOL],
             False,
+            {},
         ),
         (
             "no tools, reasoning in the last assistant turn",
@@ -417,6 +420,14 @@ def conversations():
             ],
             None,
             False,
+            {},
+        ),
+        (
+            "thinking switched off through a template kwarg",
+            [{"role": "user", "content": "Quick: capital of Norway?"}],
+            None,
+            True,
+            {"enable_thinking": False},
         ),
     ]
 
@@ -487,9 +498,13 @@ def render_cases(out):
     cases = []
     for folder in ["tokenizer-qwen2.5", "tokenizer-qwen3"]:
         tok = AutoTokenizer.from_pretrained(os.path.join(out, folder))
-        for name, messages, tools, add_generation_prompt in conversations():
+        for name, messages, tools, add_generation_prompt, kwargs in conversations():
             text = tok.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **kwargs,
             )
             ids = tok(text, add_special_tokens=False)["input_ids"]
             cases.append(
@@ -499,6 +514,7 @@ def render_cases(out):
                     "messages": messages,
                     "tools": tools,
                     "add_generation_prompt": add_generation_prompt,
+                    "kwargs": kwargs,
                     "text": text,
                     "ids": ids,
                 }
