@@ -246,14 +246,15 @@ impl Attention {
             }
             None => (k, v, 0),
         };
-        let out = if past == 0 {
+        // One new token sees every cached key: no mask, so fused kernels stay available.
+        let out = if past == 0 || seq == 1 {
             Tensor::scaled_dot_product_attention::<Tensor>(
                 &q,
                 &k,
                 &v,
                 None,
                 0.0,
-                seq > 1,
+                past == 0 && seq > 1,
                 None,
                 true,
             )
