@@ -1,0 +1,30 @@
+//! clawback's trainer: a Llama/Qwen-family decoder in tch, LoRA adapters in PEFT format,
+//! the RL losses, and the tokenizer + chat template that turn conversations into ids.
+
+pub mod bench;
+pub mod chat_template;
+pub mod config;
+pub mod generate;
+pub mod json_file;
+pub mod kv_cache;
+pub mod lora;
+pub mod losses;
+pub mod model;
+pub mod optim;
+mod pyjson;
+pub mod rope;
+mod safetensors_io;
+pub mod schedule;
+pub mod scoring;
+#[cfg(test)]
+mod test_support;
+pub mod tokenizer;
+pub mod weights;
+
+pub use chat_template::{ChatInput, ChatTemplate};
+pub use config::{Family, ModelConfig, RopeScaling};
+pub use generate::{generate, Generation, SamplingParams};
+pub use kv_cache::KvCache;
+pub use lora::{AdapterRegistry, LoraAdapter, LoraConfig, Target};
+pub use model::{Model, ModelError, Placement};
+pub use tokenizer::Tokenizer;

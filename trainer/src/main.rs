@@ -1,0 +1,206 @@
+//! `clawback-trainer`: the trainer's command line. `bench` measures training throughput;
+//! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use clawback_trainer::bench::{self, BenchSpec, Preset};
+use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
+use clawback_trainer::generate::{generate, SamplingParams};
+use clawback_trainer::lora::{LoraAdapter, LoraConfig};
+use clawback_trainer::model::{Model, Placement};
+use clawback_trainer::tokenizer::Tokenizer;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "clawback's trainer: Llama/Qwen decoder, LoRA, RL losses"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PresetArg {
+    Tiny,
+    #[value(name = "100m")]
+    M100,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Training tokens/s (forward + loss + backward + AdamW on LoRA params) on a random model.
+    Bench {
+        #[arg(long, value_enum, default_value = "tiny")]
+        preset: PresetArg,
+        /// auto, cpu, cuda or cuda:N (CPU runs f32, CUDA bf16).
+        #[arg(long, default_value = "auto")]
+        device: Placement,
+        #[arg(long)]
+        batch: Option<i64>,
+        #[arg(long)]
+        seq_len: Option<i64>,
+        #[arg(long)]
+        steps: Option<usize>,
+        #[arg(long, default_value_t = 1)]
+        warmup_steps: usize,
+        #[arg(long, default_value_t = 16)]
+        rank: i64,
+        /// The device's dense peak in TFLOP/s, to print MFU (H100/H200 bf16: 989).
+        #[arg(long)]
+        peak_tflops: Option<f64>,
+        /// CPU threads for libtorch (default: its own choice, usually the core count).
+        #[arg(long)]
+        threads: Option<i32>,
+        /// Print one JSON object instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Renders one user message with the model's chat template and generates a reply.
+    Generate {
+        /// An HF folder: config.json, safetensors, tokenizer.json, tokenizer_config.json.
+        #[arg(long)]
+        model: PathBuf,
+        /// A PEFT adapter folder to apply.
+        #[arg(long)]
+        adapter: Option<PathBuf>,
+        #[arg(long)]
+        system: Option<String>,
+        #[arg(long)]
+        prompt: String,
+        #[arg(long, default_value_t = 128)]
+        max_new_tokens: usize,
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value = "auto")]
+        device: Placement,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Bench {
+            preset,
+            device,
+            batch,
+            seq_len,
+            steps,
+            warmup_steps,
+            rank,
+            peak_tflops,
+            threads,
+            json,
+        } => {
+            if let Some(threads) = threads {
+                tch::set_num_threads(threads);
+            }
+            let (preset, name, defaults) = match preset {
+                PresetArg::Tiny => (Preset::Tiny, "tiny", (8, 64, 20)),
+                PresetArg::M100 => (Preset::M100, "100m", (1, 256, 3)),
+            };
+            let spec = BenchSpec {
+                model: preset.config(),
+                placement: device,
+                lora: LoraConfig {
+                    rank,
+                    alpha: 2.0 * rank as f64,
+                    ..LoraConfig::default()
+                },
+                batch: batch.unwrap_or(defaults.0),
+                seq_len: seq_len.unwrap_or(defaults.1),
+                warmup_steps,
+                steps: steps.unwrap_or(defaults.2),
+            };
+            if spec.seq_len < 2 || spec.batch < 1 || spec.steps < 1 {
+                bail!("need --seq-len ≥ 2, --batch ≥ 1 and --steps ≥ 1");
+            }
+            let report = bench::run(&spec)?;
+            let mfu = peak_tflops.map(|p| report.mfu(p));
+            let device = format!("{:?}/{:?}", spec.placement.device, spec.placement.kind);
+            if json {
+                let value = serde_json::json!({
+                    "preset": name, "device": device, "threads": tch::get_num_threads(),
+                    "batch": spec.batch, "seq_len": spec.seq_len, "lora_rank": rank,
+                    "base_parameters": report.base_parameters,
+                    "lora_parameters": report.lora_parameters,
+                    "seconds_per_step": report.seconds_per_step,
+                    "tokens_per_second": report.tokens_per_second,
+                    "model_tflops": report.model_tflops, "mfu": mfu,
+                });
+                println!("{value}");
+            } else {
+                print!(
+                    "{name} ({:.1}M params, LoRA r{rank} {:.2}M) on {device}, {} threads, \
+                     batch {}×{}: {:.0} tokens/s, {:.3} s/step, {:.3} model TFLOP/s",
+                    report.base_parameters as f64 / 1e6,
+                    report.lora_parameters as f64 / 1e6,
+                    tch::get_num_threads(),
+                    spec.batch,
+                    spec.seq_len,
+                    report.tokens_per_second,
+                    report.seconds_per_step,
+                    report.model_tflops,
+                );
+                match mfu {
+                    Some(mfu) => println!(", MFU {:.1}%", 100.0 * mfu),
+                    None => println!(),
+                }
+            }
+        }
+        Command::Generate {
+            model,
+            adapter,
+            system,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            device,
+        } => {
+            let net = Model::load(&model, device)
+                .with_context(|| format!("loading {}", model.display()))?;
+            let tokenizer = Tokenizer::from_dir(&model)?;
+            let template = ChatTemplate::from_dir(&model)?;
+            let adapter = match adapter {
+                Some(dir) => Some(
+                    LoraAdapter::load(&dir, net.config(), device.device)
+                        .with_context(|| format!("loading adapter {}", dir.display()))?,
+                ),
+                None => None,
+            };
+            let mut messages = Vec::new();
+            if let Some(system) = system {
+                messages.push(serde_json::json!({"role": "system", "content": system}));
+            }
+            messages.push(serde_json::json!({"role": "user", "content": prompt}));
+            let text = template.render(ChatInput {
+                messages: &messages,
+                tools: None,
+                add_generation_prompt: true,
+                extra: None,
+            })?;
+            let ids = tokenizer.encode(&text, false)?;
+            let mut stop_token_ids = net.config().eos_token_ids.clone();
+            if let Some(eos) = &template.special_tokens().eos_token {
+                stop_token_ids.extend(tokenizer.token_id(eos));
+            }
+            let params = SamplingParams {
+                max_new_tokens,
+                temperature,
+                top_p,
+                seed,
+                stop_token_ids,
+            };
+            let out = generate(&net, adapter.as_ref(), &ids, &params)?;
+            println!("{}", tokenizer.decode(&out.token_ids, true)?);
+        }
+    }
+    Ok(())
+}
