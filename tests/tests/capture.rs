@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use clawback_sidecar::capture::{Assembled, Capture, Ending, Endpoint, Forward, ResponseCapture};
+use clawback_sidecar::capture::{Assembled, Capture, Ending, Endpoint, ResponseCapture};
 use clawback_sidecar::config::UpstreamKind;
 use clawback_tests::engine_json::{self, Reply, EOS_ID};
 
@@ -111,11 +111,7 @@ fn relay(mut capture: ResponseCapture, upstream: &[u8], frame_size: usize) -> (V
     let mut sent = Vec::new();
     for frame in upstream.chunks(frame_size.min(upstream.len()).max(1)) {
         let frame = Bytes::copy_from_slice(frame);
-        match capture.on_frame(&frame) {
-            Forward::Original => sent.extend_from_slice(&frame),
-            Forward::Rewritten(bytes) => sent.extend_from_slice(&bytes),
-            Forward::Held => {}
-        }
+        sent.extend(capture.on_frame(&frame).bytes(frame).unwrap_or_default());
     }
     let finished = capture.finish();
     sent.extend_from_slice(finished.tail.as_deref().unwrap_or_default());

@@ -324,33 +324,28 @@ impl Assembler {
                 self.items.insert(index, Item::from_json(&data["item"]));
             }
             "response.output_text.delta" => {
-                let item = self
-                    .items
-                    .entry(index)
-                    .or_insert_with(|| Item::Message(String::new()));
-                if let Item::Message(text) = item {
-                    push_str(text, &data["delta"]);
-                }
+                self.item_delta(index, || Item::Message(String::new()), &data["delta"]);
             }
             "response.reasoning_text.delta" | "response.reasoning_summary_text.delta" => {
-                let item = self
-                    .items
-                    .entry(index)
-                    .or_insert_with(|| Item::Reasoning(String::new()));
-                if let Item::Reasoning(text) = item {
-                    push_str(text, &data["delta"]);
-                }
+                self.item_delta(index, || Item::Reasoning(String::new()), &data["delta"]);
             }
             "response.function_call_arguments.delta" => {
-                let item = self
-                    .items
-                    .entry(index)
-                    .or_insert_with(|| Item::FunctionCall(ToolCall::default()));
-                if let Item::FunctionCall(call) = item {
-                    push_str(&mut call.arguments, &data["delta"]);
-                }
+                let new = || Item::FunctionCall(ToolCall::default());
+                self.item_delta(index, new, &data["delta"]);
             }
             _ => {}
+        }
+    }
+}
+
+impl Assembler {
+    /// Appends a streamed piece to the text (or the arguments) of output item `index`, which
+    /// `new` starts when the stream did not announce it.
+    fn item_delta(&mut self, index: u64, new: impl FnOnce() -> Item, delta: &Value) {
+        match self.items.entry(index).or_insert_with(new) {
+            Item::Message(text) | Item::Reasoning(text) => push_str(text, delta),
+            Item::FunctionCall(call) => push_str(&mut call.arguments, delta),
+            Item::Other => {}
         }
     }
 }

@@ -50,6 +50,12 @@ impl Capture {
         self.injected
     }
 
+    /// Whether the response may reach the agent changed: then the upstream's `Content-Length`
+    /// no longer holds and must not be forwarded.
+    pub fn rewrites_response(&self) -> bool {
+        !self.injected.is_empty()
+    }
+
     /// Starts reading the response; `is_sse` from its `Content-Type` (`text/event-stream`),
     /// since an error answer to a streamed request comes back as a plain JSON body.
     pub fn response(self, is_sse: bool) -> ResponseCapture {
@@ -75,6 +81,17 @@ pub enum Forward {
     Rewritten(Bytes),
     /// Nothing yet: the bytes wait for the rest of their event or body, and come out later.
     Held,
+}
+
+impl Forward {
+    /// The bytes to send the agent for `frame`, given what [`ResponseCapture::on_frame`] said.
+    pub fn bytes(self, frame: Bytes) -> Option<Bytes> {
+        match self {
+            Forward::Original => Some(frame),
+            Forward::Rewritten(bytes) => Some(bytes),
+            Forward::Held => None,
+        }
+    }
 }
 
 /// The response side of a [`Capture`]: follows the body frame by frame.
@@ -243,11 +260,7 @@ mod tests {
         let mut sent = Vec::new();
         for frame in frames {
             let frame = Bytes::copy_from_slice(frame);
-            match capture.on_frame(&frame) {
-                Forward::Original => sent.extend_from_slice(&frame),
-                Forward::Rewritten(bytes) => sent.extend_from_slice(&bytes),
-                Forward::Held => {}
-            }
+            sent.extend(capture.on_frame(&frame).bytes(frame).unwrap_or_default());
         }
         let finished = capture.finish();
         sent.extend_from_slice(finished.tail.as_deref().unwrap_or_default());
