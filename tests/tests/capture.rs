@@ -306,3 +306,35 @@ fn a_responses_stream_without_its_completed_event_is_recorded_from_the_deltas() 
     );
     assert_eq!(recorded.finish_reason, None);
 }
+
+#[test]
+fn a_stream_without_a_usage_chunk_gets_the_usage_the_engine_counts_from_its_ids() {
+    let request = |stream: bool| {
+        let mut request = chat_request(false, stream);
+        if let Some(fields) = request.as_object_mut() {
+            fields.shift_remove("stream_options");
+        }
+        request
+    };
+    let recorded = recorded_alike(UpstreamKind::Vllm, Endpoint::ChatCompletions, request);
+    assert!(recorded.usage.is_some());
+}
+
+#[test]
+fn a_text_only_stream_without_a_usage_chunk_records_no_usage() {
+    let mut request = chat_request(false, true);
+    if let Some(fields) = request.as_object_mut() {
+        fields.shift_remove("stream_options");
+    }
+    let recorded = call(
+        UpstreamKind::Openai,
+        Endpoint::ChatCompletions,
+        &request,
+        64,
+    );
+    assert_eq!(recorded.usage, None);
+    assert_eq!(
+        recorded.output.content.as_deref(),
+        Some(engine_json::ANSWER)
+    );
+}

@@ -187,12 +187,15 @@ impl Assembler {
             }
             _ => (None, logprobs),
         };
+        // A stream the client did not ask `include_usage` for has no usage chunk; the engines
+        // count usage from these very ids, so a non-streamed call would have said the same.
+        let usage = self.usage.or_else(|| engine.as_ref().map(counted_usage));
         Assembled {
             output,
             engine,
             logprobs_without_ids,
             finish_reason,
-            usage: self.usage,
+            usage,
             model: self.model,
             ending: self.ending,
         }
@@ -546,6 +549,18 @@ fn usage_from(usage: &Value, prompt: &str, completion: &str) -> Option<Usage> {
         completion_tokens,
         total_tokens: count("total_tokens").unwrap_or(prompt_tokens + completion_tokens),
     })
+}
+
+/// Usage as vLLM and SGLang count it: the lengths of the prompt and completion ids.
+fn counted_usage(engine: &EngineTokens) -> Usage {
+    let count = |ids: &[u32]| u32::try_from(ids.len()).unwrap_or(u32::MAX);
+    let prompt_tokens = count(&engine.prompt_token_ids);
+    let completion_tokens = count(&engine.completion_token_ids);
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens.saturating_add(completion_tokens),
+    }
 }
 
 fn push_str(to: &mut String, piece: &Value) {

@@ -366,4 +366,64 @@ mod tests {
         assert_eq!(assembled.ending, Ending::Truncated);
         assert_eq!(assembled.output.content, None);
     }
+
+    /// SGLang's chat body, in its field order, as asked for ids and logprobs by the sidecar.
+    fn sglang_body(asked: bool) -> Value {
+        let mut choice = json!({"index": 0,
+            "message": {"role": "assistant", "content": "Hi", "reasoning_content": null,
+                        "tool_calls": null},
+            "logprobs": null, "finish_reason": "stop", "matched_stop": 151645});
+        if asked {
+            choice["logprobs"] = json!({"content": [
+                {"token": "Hi", "bytes": [72, 105], "logprob": -0.5, "top_logprobs": []},
+                {"token": "<|im_end|>", "bytes": [60], "logprob": -0.01, "top_logprobs": []}]});
+            choice["prompt_token_ids"] = json!([151644, 872]);
+            choice["token_ids"] = json!([13048, 151645]);
+        }
+        json!({"id": "1f3e", "object": "chat.completion", "created": 1764400000,
+               "model": "qwen", "choices": [choice],
+               "usage": {"prompt_tokens": 2, "total_tokens": 4, "completion_tokens": 2,
+                         "prompt_tokens_details": null, "reasoning_tokens": 0},
+               "metadata": {"weight_version": "default"}})
+    }
+
+    #[test]
+    fn an_sglang_body_reaches_the_agent_without_the_id_keys_and_is_recorded_with_them() {
+        let mut request = json!({"model": "qwen", "messages": []});
+        let capture = Capture::for_request(
+            UpstreamKind::Sglang,
+            Endpoint::ChatCompletions,
+            &mut request,
+        );
+        let body = sglang_body(true).to_string();
+        let (sent, assembled) = relay(capture.response(false), &[body.as_bytes()]);
+        assert_eq!(sent, sglang_body(false).to_string().as_bytes());
+        let engine = assembled.engine.unwrap_or_default();
+        assert_eq!(engine.prompt_token_ids, vec![151644, 872]);
+        assert_eq!(engine.completion_token_ids, vec![13048, 151645]);
+        assert_eq!(engine.completion_logprobs.len(), 2);
+    }
+
+    #[test]
+    fn a_streamed_sglang_call_reaches_the_agent_without_logprobs_and_is_recorded_text_only() {
+        let mut request = json!({"model": "qwen", "messages": [], "stream": true});
+        let capture = Capture::for_request(
+            UpstreamKind::Sglang,
+            Endpoint::ChatCompletions,
+            &mut request,
+        );
+        let chunk = json!({"id": "1f3e", "object": "chat.completion.chunk", "created": 1,
+            "model": "qwen", "choices": [{"index": 0, "delta": {"role": null, "content": "Hi",
+            "reasoning_content": null, "tool_calls": null},
+            "logprobs": {"content": [{"token": "Hi", "bytes": [72, 105], "logprob": -0.5,
+                                      "top_logprobs": []}]},
+            "finish_reason": null, "matched_stop": null}], "usage": null});
+        let stream = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+        let (sent, assembled) = relay(capture.response(true), &[stream.as_bytes()]);
+        assert!(!String::from_utf8_lossy(&sent).contains("-0.5"));
+        assert!(String::from_utf8_lossy(&sent).contains("\"logprobs\":null"));
+        assert_eq!(assembled.engine, None);
+        assert_eq!(assembled.logprobs_without_ids.len(), 1);
+        assert_eq!(assembled.output.content.as_deref(), Some("Hi"));
+    }
 }
