@@ -13,6 +13,17 @@
 //!    came;
 //! 3. at the end of the body, [`ResponseCapture::finish`] gives the bytes still to send and the
 //!    [`Assembled`] answer.
+//!
+//! ```text
+//! let capture = Capture::for_request(kind, endpoint, &mut body_json);   // then serialise, send
+//! if capture.rewrites_response() { response_headers.remove(CONTENT_LENGTH) }
+//! let mut tap = capture.response(is_sse);
+//! for frame in upstream_body { if let Some(b) = tap.on_frame(&frame).bytes(frame) { send(b) } }
+//! let Finished { tail, assembled } = tap.finish();                     // also after a break
+//! if let Some(tail) = tail { send(tail) }
+//! ```
+//!
+//! [`Endpoint`] here is the schema's (what a step records), not the router's.
 
 pub mod assemble;
 pub mod request;
