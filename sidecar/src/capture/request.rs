@@ -12,7 +12,8 @@
 //!   only gets logprobs injected, and its step is recorded text-only: logprobs whose tokens are
 //!   strings cannot be tied to ids without re-tokenising, which is what `Tokens::None` tells the
 //!   trainer it must do.
-//! - `/v1/responses` (every engine) and kind `openai`: nothing to ask for; text only.
+//! - `/v1/responses` (every engine), kind `openai`, and completions with `echo`: nothing to ask
+//!   for; text only.
 //!
 //! Keys keep their order: a field the client sent is changed in place, a new one is appended.
 
@@ -59,8 +60,12 @@ pub fn inject(kind: UpstreamKind, endpoint: Endpoint, body: &mut Value) -> Injec
         return Injected::default();
     };
     let streaming = request.get("stream") == Some(&Value::Bool(true));
+    // With `echo`, a completion's ids and logprobs start with the prompt's: they would not be
+    // the sampled tokens alone, so the call is recorded as text.
+    let echo = request.get("echo") == Some(&Value::Bool(true));
     let (ids_possible, unasked) = match (kind, endpoint) {
         (UpstreamKind::Openai, _) | (_, Endpoint::Responses) => return Injected::default(),
+        (_, Endpoint::Completions) if echo => return Injected::default(),
         (UpstreamKind::Vllm, _) => (true, Unasked::Null),
         (UpstreamKind::Sglang, _) => (!streaming, Unasked::Absent),
     };
@@ -215,6 +220,13 @@ mod tests {
             assert!(inject(kind, endpoint, &mut body).is_empty());
             assert_eq!(body, before);
         }
+    }
+
+    #[test]
+    fn an_echoed_completion_is_left_alone_as_its_ids_would_include_the_prompt() {
+        let mut body = json!({"prompt": "hi", "echo": true});
+        assert!(inject(UpstreamKind::Vllm, Endpoint::Completions, &mut body).is_empty());
+        assert_eq!(body, json!({"prompt": "hi", "echo": true}));
     }
 
     #[test]
