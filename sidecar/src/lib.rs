@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod body;
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod error;

@@ -1,0 +1,440 @@
+//! Token capture: ask the engine for the token ids and logprobs it sampled, hand the agent the
+//! response it would have had without that, and put a copy of the answer together for the
+//! recorder.
+//!
+//! One call goes through it in three steps:
+//! 1. [`Capture::for_request`] rewrites the parsed request body ([`request`]) before it is
+//!    forwarded;
+//! 2. when the upstream's response head is in, [`Capture::response`] starts a [`ResponseCapture`],
+//!    and the relay passes it every body frame ([`ResponseCapture::on_frame`]) and forwards what
+//!    it says ([`Forward`]). Streams are cut into events ([`sse`]); each event's JSON is parsed
+//!    once, read by the [`assemble::Assembler`], and only when it held injected fields stripped
+//!    ([`strip`]) and serialised again. When nothing was injected every frame goes through as it
+//!    came;
+//! 3. at the end of the body, [`ResponseCapture::finish`] gives the bytes still to send and the
+//!    [`Assembled`] answer.
+//!
+//! ```text
+//! let capture = Capture::for_request(kind, endpoint, &mut body_json);   // then serialise, send
+//! if capture.rewrites_response() { response_headers.remove(CONTENT_LENGTH) }
+//! let mut tap = capture.response(is_sse);
+//! for frame in upstream_body { if let Some(b) = tap.on_frame(&frame).bytes(frame) { send(b) } }
+//! let Finished { tail, assembled } = tap.finish();                     // also after a break
+//! if let Some(tail) = tail { send(tail) }
+//! ```
+//!
+//! [`Endpoint`] here is the schema's (what a step records), not the router's.
+
+pub mod assemble;
+pub mod request;
+pub mod sse;
+pub mod strip;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::Value;
+
+// Re-exported: it is part of this module's signatures.
+pub use clawback_datapool::Endpoint;
+
+use crate::config::UpstreamKind;
+
+pub use assemble::{Assembled, Assembler, Ending};
+pub use request::{Injected, Unasked};
+pub use sse::{SseEvent, SseSplitter};
+
+/// The capture of one call, between rewriting its request and seeing its response.
+#[derive(Debug, Clone, Copy)]
+pub struct Capture {
+    endpoint: Endpoint,
+    injected: Injected,
+}
+
+impl Capture {
+    /// Rewrites `body` to ask `kind`'s engine for token ids and logprobs on `endpoint`.
+    pub fn for_request(kind: UpstreamKind, endpoint: Endpoint, body: &mut Value) -> Self {
+        let injected = request::inject(kind, endpoint, body);
+        Capture { endpoint, injected }
+    }
+
+    /// What was added to the request, to be stripped from the response.
+    pub fn injected(&self) -> Injected {
+        self.injected
+    }
+
+    /// Whether the response may reach the agent changed: then the upstream's `Content-Length`
+    /// no longer holds and must not be forwarded.
+    pub fn rewrites_response(&self) -> bool {
+        !self.injected.is_empty()
+    }
+
+    /// Starts reading the response; `is_sse` from its `Content-Type` (`text/event-stream`),
+    /// since an error answer to a streamed request comes back as a plain JSON body.
+    pub fn response(self, is_sse: bool) -> ResponseCapture {
+        let mode = if is_sse {
+            Mode::Sse(SseSplitter::new())
+        } else {
+            Mode::Body(BytesMut::new())
+        };
+        ResponseCapture {
+            injected: self.injected,
+            assembler: Assembler::new(self.endpoint),
+            mode,
+        }
+    }
+}
+
+/// What the relay sends the agent for one upstream frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward {
+    /// The frame as it came.
+    Original,
+    /// These bytes instead: whole events, some with injected fields taken out.
+    Rewritten(Bytes),
+    /// Nothing yet: the bytes wait for the rest of their event or body, and come out later.
+    Held,
+}
+
+impl Forward {
+    /// The bytes to send the agent for `frame`, given what [`ResponseCapture::on_frame`] said.
+    pub fn bytes(self, frame: Bytes) -> Option<Bytes> {
+        match self {
+            Forward::Original => Some(frame),
+            Forward::Rewritten(bytes) => Some(bytes),
+            Forward::Held => None,
+        }
+    }
+}
+
+/// The response side of a [`Capture`]: follows the body frame by frame.
+#[derive(Debug)]
+pub struct ResponseCapture {
+    injected: Injected,
+    assembler: Assembler,
+    mode: Mode,
+}
+
+#[derive(Debug)]
+enum Mode {
+    Sse(SseSplitter),
+    /// A plain body is only whole JSON at its end.
+    Body(BytesMut),
+}
+
+/// The end of a response.
+#[derive(Debug)]
+pub struct Finished {
+    /// Bytes still to send the agent: a held (and stripped) non-streamed body.
+    pub tail: Option<Bytes>,
+    pub assembled: Assembled,
+}
+
+impl ResponseCapture {
+    /// Takes in one frame of the upstream body and says what to send the agent for it.
+    pub fn on_frame(&mut self, frame: &Bytes) -> Forward {
+        match &mut self.mode {
+            Mode::Body(body) => {
+                body.extend_from_slice(frame);
+                if self.injected.is_empty() {
+                    Forward::Original
+                } else {
+                    Forward::Held
+                }
+            }
+            Mode::Sse(splitter) => {
+                let aligned = splitter.is_empty();
+                splitter.push(frame);
+                if self.injected.is_empty() {
+                    while let Some(event) = splitter.next_event() {
+                        on_event(&mut self.assembler, &self.injected, &event);
+                    }
+                    return Forward::Original;
+                }
+                let mut out = BytesMut::new();
+                let mut rewritten = false;
+                while let Some(event) = splitter.next_event() {
+                    match on_event(&mut self.assembler, &self.injected, &event) {
+                        Some(bytes) => {
+                            rewritten = true;
+                            out.put(bytes);
+                        }
+                        None => out.put(event.raw),
+                    }
+                }
+                if aligned && !rewritten && splitter.is_empty() {
+                    Forward::Original
+                } else if out.is_empty() {
+                    Forward::Held
+                } else {
+                    Forward::Rewritten(out.freeze())
+                }
+            }
+        }
+    }
+
+    /// The body ended (completely or not): the bytes still to send, and the assembled answer.
+    pub fn finish(self) -> Finished {
+        let ResponseCapture {
+            injected,
+            mut assembler,
+            mode,
+        } = self;
+        let tail = match mode {
+            Mode::Sse(mut splitter) => {
+                // An event cut off by the end of the stream: when nothing needed stripping it was
+                // forwarded already; otherwise it is dropped, as an SSE client would drop it, and
+                // so that an error event the relay appends is not glued onto half a line.
+                splitter.finish();
+                None
+            }
+            Mode::Body(body) => {
+                let body = body.freeze();
+                let rewritten = match serde_json::from_slice::<Value>(&body) {
+                    Ok(mut json) => {
+                        assembler.on_body(&json);
+                        if strip::strip(&mut json, &injected) {
+                            serde_json::to_vec(&json).ok().map(Bytes::from)
+                        } else {
+                            None
+                        }
+                    }
+                    Err(_) => None,
+                };
+                match rewritten {
+                    Some(bytes) => Some(bytes),
+                    None if injected.is_empty() || body.is_empty() => None,
+                    None => Some(body),
+                }
+            }
+        };
+        Finished {
+            tail,
+            assembled: assembler.finish(),
+        }
+    }
+}
+
+/// Feeds one event to the assembler; the event's new bytes when fields were stripped from it.
+fn on_event(assembler: &mut Assembler, injected: &Injected, event: &SseEvent) -> Option<Bytes> {
+    let data = event.data.as_ref()?;
+    if event.is_done() {
+        assembler.on_done();
+        return None;
+    }
+    let mut json: Value = serde_json::from_slice(data).ok()?;
+    assembler.on_event(event.event.as_deref(), &json);
+    if !strip::strip(&mut json, injected) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(event.raw.len());
+    if let Some(name) = &event.event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut out, &json).ok()?;
+    out.extend_from_slice(b"\n\n");
+    Some(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A vLLM chat stream asked for ids and logprobs by the sidecar.
+    fn engine_stream() -> String {
+        let chunks = [
+            json!({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": null, "finish_reason": null}],
+                   "prompt_token_ids": [1, 2]}),
+            json!({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                   "choices": [{"index": 0, "delta": {"content": "Hi"},
+                                "logprobs": {"content": [{"token": "Hi", "logprob": -0.5,
+                                                          "bytes": [72, 105],
+                                                          "top_logprobs": []}]},
+                                "finish_reason": "stop", "token_ids": [7]}]}),
+        ];
+        let mut out: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        out.push_str("data: [DONE]\n\n");
+        out
+    }
+
+    fn vllm_chat(stream: bool) -> Capture {
+        let mut body = json!({"model": "m", "messages": [], "stream": stream});
+        Capture::for_request(UpstreamKind::Vllm, Endpoint::ChatCompletions, &mut body)
+    }
+
+    fn relay(mut capture: ResponseCapture, frames: &[&[u8]]) -> (Vec<u8>, Assembled) {
+        let mut sent = Vec::new();
+        for frame in frames {
+            let frame = Bytes::copy_from_slice(frame);
+            sent.extend(capture.on_frame(&frame).bytes(frame).unwrap_or_default());
+        }
+        let finished = capture.finish();
+        sent.extend_from_slice(finished.tail.as_deref().unwrap_or_default());
+        (sent, finished.assembled)
+    }
+
+    fn data_lines(sse: &[u8]) -> Vec<String> {
+        String::from_utf8_lossy(sse)
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_split_anywhere_reaches_the_agent_stripped_and_is_assembled_whole() {
+        let input = engine_stream();
+        let input = input.as_bytes();
+        let expected = vec![
+            r#"data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}"#,
+            r#"data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":"stop","token_ids":null}]}"#,
+            "data: [DONE]",
+        ];
+        for cut in 0..=input.len() {
+            let (sent, assembled) = relay(
+                vllm_chat(true).response(true),
+                &[&input[..cut], &input[cut..]],
+            );
+            assert_eq!(data_lines(&sent), expected, "cut at byte {cut}");
+            assert_eq!(assembled.output.content.as_deref(), Some("Hi"));
+            assert_eq!(assembled.ending, Ending::Complete);
+            let engine = assembled.engine.unwrap_or_default();
+            assert_eq!(engine.prompt_token_ids, vec![1, 2]);
+            assert_eq!(engine.completion_token_ids, vec![7]);
+            assert_eq!(engine.completion_logprobs.len(), 1);
+        }
+    }
+
+    #[test]
+    fn without_injected_fields_every_frame_goes_through_untouched() {
+        let mut body = json!({"model": "m", "messages": [], "stream": true});
+        let capture =
+            Capture::for_request(UpstreamKind::Openai, Endpoint::ChatCompletions, &mut body);
+        let input = engine_stream();
+        let mut response = capture.response(true);
+        let frame = Bytes::from(input[..7].to_owned());
+        assert_eq!(response.on_frame(&frame), Forward::Original);
+        let frame = Bytes::from(input[7..].to_owned());
+        assert_eq!(response.on_frame(&frame), Forward::Original);
+        let finished = response.finish();
+        assert_eq!(finished.tail, None);
+        assert_eq!(finished.assembled.output.content.as_deref(), Some("Hi"));
+    }
+
+    #[test]
+    fn a_frame_of_whole_events_with_nothing_to_strip_is_forwarded_as_it_came() {
+        let mut response = vllm_chat(true).response(true);
+        let frame = Bytes::from_static(b"data: {\"choices\":[{\"index\":0,\"delta\":{}}]}\n\n");
+        assert_eq!(response.on_frame(&frame), Forward::Original);
+    }
+
+    #[test]
+    fn a_stripped_body_is_held_and_sent_whole_at_the_end_in_its_key_order() {
+        let body = json!({"id": "c", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"},
+                         "logprobs": {"content": [{"token": "Hi", "logprob": -0.5}]},
+                         "finish_reason": "stop", "token_ids": [7]}],
+            "usage": {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1},
+            "prompt_token_ids": [1, 2]})
+        .to_string();
+        let (sent, assembled) = relay(
+            vllm_chat(false).response(false),
+            &[&body.as_bytes()[..10], &body.as_bytes()[10..]],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&sent),
+            r#"{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":"stop","token_ids":null}],"usage":{"prompt_tokens":2,"total_tokens":3,"completion_tokens":1},"prompt_token_ids":null}"#
+        );
+        assert_eq!(
+            assembled.engine.map(|e| e.completion_token_ids),
+            Some(vec![7])
+        );
+        assert_eq!(assembled.usage.map(|u| u.total_tokens), Some(3));
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_is_sent_as_it_came_and_recorded_as_truncated() {
+        let (sent, assembled) = relay(
+            vllm_chat(false).response(false),
+            &[b"{\"id\": \"c\", \"cho"],
+        );
+        assert_eq!(sent, b"{\"id\": \"c\", \"cho");
+        assert_eq!(assembled.ending, Ending::Truncated);
+    }
+
+    #[test]
+    fn a_stream_cut_mid_event_forwards_its_whole_events_only() {
+        let input = engine_stream();
+        let cut = input.len() - 20;
+        let (sent, assembled) = relay(vllm_chat(true).response(true), &[&input.as_bytes()[..cut]]);
+        assert_eq!(data_lines(&sent).len(), 1);
+        assert!(sent.ends_with(b"\n\n"));
+        assert_eq!(assembled.ending, Ending::Truncated);
+        assert_eq!(assembled.output.content, None);
+    }
+
+    /// SGLang's chat body, in its field order, as asked for ids and logprobs by the sidecar.
+    fn sglang_body(asked: bool) -> Value {
+        let mut choice = json!({"index": 0,
+            "message": {"role": "assistant", "content": "Hi", "reasoning_content": null,
+                        "tool_calls": null},
+            "logprobs": null, "finish_reason": "stop", "matched_stop": 151645});
+        if asked {
+            choice["logprobs"] = json!({"content": [
+                {"token": "Hi", "bytes": [72, 105], "logprob": -0.5, "top_logprobs": []},
+                {"token": "<|im_end|>", "bytes": [60], "logprob": -0.01, "top_logprobs": []}]});
+            choice["prompt_token_ids"] = json!([151644, 872]);
+            choice["token_ids"] = json!([13048, 151645]);
+        }
+        json!({"id": "1f3e", "object": "chat.completion", "created": 1764400000,
+               "model": "qwen", "choices": [choice],
+               "usage": {"prompt_tokens": 2, "total_tokens": 4, "completion_tokens": 2,
+                         "prompt_tokens_details": null, "reasoning_tokens": 0},
+               "metadata": {"weight_version": "default"}})
+    }
+
+    #[test]
+    fn an_sglang_body_reaches_the_agent_without_the_id_keys_and_is_recorded_with_them() {
+        let mut request = json!({"model": "qwen", "messages": []});
+        let capture = Capture::for_request(
+            UpstreamKind::Sglang,
+            Endpoint::ChatCompletions,
+            &mut request,
+        );
+        let body = sglang_body(true).to_string();
+        let (sent, assembled) = relay(capture.response(false), &[body.as_bytes()]);
+        assert_eq!(sent, sglang_body(false).to_string().as_bytes());
+        let engine = assembled.engine.unwrap_or_default();
+        assert_eq!(engine.prompt_token_ids, vec![151644, 872]);
+        assert_eq!(engine.completion_token_ids, vec![13048, 151645]);
+        assert_eq!(engine.completion_logprobs.len(), 2);
+    }
+
+    #[test]
+    fn a_streamed_sglang_call_reaches_the_agent_without_logprobs_and_is_recorded_text_only() {
+        let mut request = json!({"model": "qwen", "messages": [], "stream": true});
+        let capture = Capture::for_request(
+            UpstreamKind::Sglang,
+            Endpoint::ChatCompletions,
+            &mut request,
+        );
+        let chunk = json!({"id": "1f3e", "object": "chat.completion.chunk", "created": 1,
+            "model": "qwen", "choices": [{"index": 0, "delta": {"role": null, "content": "Hi",
+            "reasoning_content": null, "tool_calls": null},
+            "logprobs": {"content": [{"token": "Hi", "bytes": [72, 105], "logprob": -0.5,
+                                      "top_logprobs": []}]},
+            "finish_reason": null, "matched_stop": null}], "usage": null});
+        let stream = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+        let (sent, assembled) = relay(capture.response(true), &[stream.as_bytes()]);
+        assert!(!String::from_utf8_lossy(&sent).contains("-0.5"));
+        assert!(String::from_utf8_lossy(&sent).contains("\"logprobs\":null"));
+        assert_eq!(assembled.engine, None);
+        assert_eq!(assembled.logprobs_without_ids.len(), 1);
+        assert_eq!(assembled.output.content.as_deref(), Some("Hi"));
+    }
+}
