@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 
 use crate::body::{BoxError, ProxyBody};
+use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::forward::Forwarder;
@@ -31,10 +32,14 @@ use crate::layers::observe::{Observe, ObserveLayer};
 use crate::layers::request_id::{RequestIdLayer, RequestIdService};
 use crate::layers::ResponseFuture;
 use crate::metrics::{Metrics, UpstreamLabels};
-use crate::recorder::Recorder;
+use crate::recorder::{request, Pending, Recorder};
 use crate::route::Route;
+use crate::route::{Endpoint, SessionId};
+use crate::session::explicit::Hints;
 use crate::tenant::{TenantResolver, Unresolved};
 use crate::upstream::{Pool, UpstreamUrlError};
+use clawback_datapool::TenantId;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 /// What every request shares.
@@ -79,6 +84,7 @@ impl App {
         let forwarder = Arc::new(Forwarder::new(
             Arc::clone(&pool),
             config.upstream_api_key.as_deref(),
+            config.upstream_kind,
             config.timeouts.clone(),
             Arc::clone(&metrics),
             tasks.clone(),
@@ -176,7 +182,11 @@ where
                         Err(e) => e.into_response(),
                     }
                 }
-                Route::Api { upstream_path, .. } => forward(app, request, upstream_path)
+                Route::Api {
+                    endpoint,
+                    session,
+                    upstream_path,
+                } => forward(app, request, endpoint, session, upstream_path)
                     .await
                     .unwrap_or_else(ProxyError::into_response),
             };
@@ -188,13 +198,15 @@ where
 async fn forward<B>(
     app: Arc<App>,
     request: Request<B>,
+    endpoint: Endpoint,
+    session: Option<SessionId>,
     upstream_path: String,
 ) -> Result<Response<ProxyBody>, ProxyError>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let _tenant = app
+    let tenant = app
         .tenants
         .resolve(request.headers())
         .map_err(|e| match e {
@@ -203,7 +215,60 @@ where
         })?;
     let (parts, body) = request.into_parts();
     let body = read_body(&app.config, &parts.headers, body).await?;
-    app.forwarder.call(parts, body, upstream_path).await
+    let (body, recording) =
+        begin_recording(&app, &parts, endpoint, session.as_ref(), tenant, body)?;
+    app.forwarder
+        .call(parts, body, upstream_path, recording)
+        .await
+}
+
+/// For a model call with recording on: decides its trajectory, and asks the engine for what the
+/// step records (token ids, logprobs). Anything that is not a JSON object is forwarded as it
+/// came — the engine answers the error, and there is nothing to record.
+fn begin_recording(
+    app: &App,
+    parts: &http::request::Parts,
+    endpoint: Endpoint,
+    session: Option<&SessionId>,
+    tenant: TenantId,
+    body: Bytes,
+) -> Result<(Bytes, Option<Pending>), ProxyError> {
+    let (Some(recorder), Some(step_endpoint)) = (&app.recorder, request::endpoint(endpoint)) else {
+        return Ok((body, None));
+    };
+    if parts.method != http::Method::POST {
+        return Ok((body, None));
+    }
+    let Ok(mut json) = serde_json::from_slice::<Value>(&body) else {
+        return Ok((body, None));
+    };
+    if !json.is_object() {
+        return Ok((body, None));
+    }
+    let hints = Hints::read(session, &parts.headers, Some(&json))?;
+    let traceparent = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
+    let model = json["model"].as_str().unwrap_or_default().to_owned();
+    let capture = Capture::for_request(app.config.upstream_kind, step_endpoint, &mut json);
+    let body = if capture.injected().is_empty() {
+        body
+    } else {
+        match serde_json::to_vec(&json) {
+            Ok(rewritten) => Bytes::from(rewritten),
+            Err(_) => body,
+        }
+    };
+    let pending = Pending {
+        recorder: Arc::clone(recorder),
+        call,
+        capture,
+        model,
+    };
+    Ok((body, Some(pending)))
 }
 
 async fn read_body<B>(

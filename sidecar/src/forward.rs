@@ -21,11 +21,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::body::ProxyBody;
 use crate::config::Timeouts;
+use crate::config::UpstreamKind;
 use crate::error::ProxyError;
 use crate::layers::request_id::{RequestId, HEADER as REQUEST_ID_HEADER};
 use crate::metrics::{Metrics, UpstreamLabels};
+use crate::recorder::Pending;
 use crate::relay::{Relay, RELAY_CAPACITY};
-use crate::upstream::{Failure, HealthChange, Pool, Upstream};
+use crate::upstream::{Failure, HealthChange, InFlight, Pool, Upstream};
 
 /// When and where a response came from; the observe layer turns it into the added-latency metric.
 #[derive(Debug, Clone)]
@@ -41,6 +43,7 @@ pub struct Forwarder {
     /// `Bearer <key>` that replaces the client's `Authorization`, when configured.
     upstream_auth: Option<HeaderValue>,
     timeouts: Timeouts,
+    kind: UpstreamKind,
     metrics: Arc<Metrics>,
     tasks: TaskTracker,
 }
@@ -53,6 +56,7 @@ impl Forwarder {
     pub fn new(
         pool: Arc<Pool>,
         upstream_api_key: Option<&str>,
+        kind: UpstreamKind,
         timeouts: Timeouts,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
@@ -83,6 +87,7 @@ impl Forwarder {
             pool,
             upstream_auth,
             timeouts,
+            kind,
             metrics,
             tasks,
         })
@@ -98,11 +103,12 @@ impl Forwarder {
         parts: request::Parts,
         body: Bytes,
         upstream_path: String,
+        recording: Option<Pending>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (head_tx, head_rx) = oneshot::channel();
         let this = Arc::clone(self);
         self.tasks.spawn(async move {
-            match this.forward(&parts, body, &upstream_path).await {
+            match this.forward(&parts, body, &upstream_path, recording).await {
                 Ok((response, relay)) => {
                     // If the client is gone, the response and its receiver drop here and the
                     // relay reads on as an orphan.
@@ -126,7 +132,39 @@ impl Forwarder {
         parts: &request::Parts,
         body: Bytes,
         upstream_path: &str,
+        recording: Option<Pending>,
     ) -> Result<(Response<ProxyBody>, Relay<Incoming>), ProxyError> {
+        let result = self.send(parts, body, upstream_path).await;
+        match result {
+            Ok((response, in_flight, timing)) => {
+                let tap = match recording {
+                    Some(pending) if response.status().is_success() => {
+                        Some((pending, Arc::clone(&timing.upstream)))
+                    }
+                    Some(pending) => {
+                        pending.abandon();
+                        None
+                    }
+                    None => None,
+                };
+                Ok(self.relay(response, in_flight, timing, tap))
+            }
+            Err(e) => {
+                if let Some(pending) = recording {
+                    pending.abandon();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends to a balanced upstream, failing over only on connect errors.
+    async fn send(
+        &self,
+        parts: &request::Parts,
+        body: Bytes,
+        upstream_path: &str,
+    ) -> Result<(Response<Incoming>, InFlight, UpstreamTiming), ProxyError> {
         let mut tried: Vec<Arc<str>> = Vec::new();
         loop {
             let Some(in_flight) = self.pool.pick(&tried) else {
@@ -185,7 +223,7 @@ impl Forwarder {
                 sent_at,
                 head_at,
             };
-            return Ok(self.relay(response, in_flight, timing));
+            return Ok((response, in_flight, timing));
         }
     }
 
@@ -233,18 +271,28 @@ impl Forwarder {
     fn relay(
         &self,
         response: Response<Incoming>,
-        in_flight: crate::upstream::InFlight,
+        in_flight: InFlight,
         timing: UpstreamTiming,
+        recording: Option<(Pending, Arc<str>)>,
     ) -> (Response<ProxyBody>, Relay<Incoming>) {
-        let (parts, body) = response.into_parts();
+        let (mut parts, body) = response.into_parts();
         let is_sse = parts
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
+        let tap = recording.map(|(pending, upstream)| {
+            if pending.capture.rewrites_response() {
+                // Stripping what the sidecar injected changes the body's length.
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            pending.into_tap(&upstream, self.kind, is_sse)
+        });
         let (tx, rx) = mpsc::channel(RELAY_CAPACITY);
         let relay = Relay {
             body,
+            tap,
+            at_event_boundary: true,
             tx,
             is_sse,
             idle: self.timeouts.upstream_idle,

@@ -31,8 +31,24 @@ pub enum RelayEnd {
     AbandonedAfterClientLeft,
 }
 
+/// The recording side of a relay: the capture that strips what the sidecar injected and
+/// assembles the response, and what to do with the result once the body has ended.
+pub struct Tap {
+    pub capture: crate::capture::ResponseCapture,
+    pub record: Box<dyn FnOnce(Recorded) + Send + Sync>,
+}
+
+/// What a tapped relay hands to its recorder when the body has ended.
+pub struct Recorded {
+    pub assembled: crate::capture::Assembled,
+    pub end: RelayEnd,
+    /// When the first body bytes arrived from the upstream.
+    pub first_byte_at: Option<clawback_datapool::UnixMs>,
+}
+
 pub struct Relay<B> {
     pub body: B,
+    pub tap: Option<Tap>,
     pub tx: mpsc::Sender<RelayItem>,
     /// Server-sent events get an OpenAI error event when the upstream breaks mid-stream.
     pub is_sse: bool,
@@ -41,6 +57,8 @@ pub struct Relay<B> {
     pub in_flight: InFlight,
     pub pool: Arc<Pool>,
     pub metrics: Arc<Metrics>,
+    /// Whether what the client got so far ends on an SSE event boundary.
+    pub at_event_boundary: bool,
 }
 
 impl<B> Relay<B>
@@ -50,6 +68,7 @@ where
 {
     pub async fn run(mut self) -> RelayEnd {
         let mut client_gone_deadline: Option<Instant> = None;
+        let mut first_byte_at = None;
         let end = loop {
             let wait = match client_gone_deadline {
                 Some(deadline) => self
@@ -66,6 +85,16 @@ where
                 }
                 Err(_) => break RelayEnd::UpstreamIdle,
             };
+            first_byte_at.get_or_insert_with(clawback_datapool::UnixMs::now);
+            let frame = match (&mut self.tap, frame.into_data()) {
+                (Some(tap), Ok(data)) => match tap.capture.on_frame(&data).bytes(data) {
+                    Some(out) => Frame::data(out),
+                    None => continue,
+                },
+                (None, Ok(data)) => Frame::data(data),
+                (_, Err(frame)) => frame,
+            };
+            self.at_event_boundary = frame.data_ref().is_none_or(|d| d.ends_with(b"\n\n"));
             match client_gone_deadline {
                 None => {
                     if self.tx.send(Ok(frame)).await.is_err() {
@@ -79,6 +108,19 @@ where
                 Some(_) => {}
             }
         };
+        if let Some(tap) = self.tap.take() {
+            let finished = tap.capture.finish();
+            if let Some(tail) = finished.tail {
+                if client_gone_deadline.is_none() {
+                    let _ = self.tx.send(Ok(Frame::data(tail))).await;
+                }
+            }
+            (tap.record)(Recorded {
+                assembled: finished.assembled,
+                end: end.clone(),
+                first_byte_at,
+            });
+        }
         self.finish(&end).await;
         end
     }
@@ -115,8 +157,10 @@ where
         // in OpenAI's error shape (the SDKs raise it); a plain body is cut so the client sees a
         // transfer error rather than truncated JSON it might accept.
         let item: RelayItem = if self.is_sse {
+            // A half-sent event is ended first, so the error arrives as an event of its own.
+            let separator = if self.at_event_boundary { "" } else { "\n\n" };
             let event = format!(
-                "data: {}\n\n",
+                "{separator}data: {}\n\n",
                 error_json(&message, "upstream_error", "upstream_stream_broken")
             );
             Ok(Frame::data(Bytes::from(event)))

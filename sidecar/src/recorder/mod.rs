@@ -26,8 +26,10 @@ use clawback_datapool::{
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::capture::Ending;
 use crate::config::Recording;
 use crate::metrics::{Metrics, ReasonLabels};
+use crate::relay::{Recorded, RelayEnd, Tap};
 use crate::session::explicit::Hints;
 use redact::Redactor;
 use writer::Message;
@@ -57,6 +59,61 @@ pub struct Outcome {
     pub finished_at: UnixMs,
     /// The response arrived whole (`[DONE]`, `response.completed`, a full body).
     pub complete: bool,
+}
+
+/// A call being forwarded with recording on: what [`Recorder::finish`] needs once its response
+/// has ended, and the capture that rewrote its request.
+pub struct Pending {
+    pub recorder: Arc<Recorder>,
+    pub call: Call,
+    pub capture: crate::capture::Capture,
+    /// The `model` sent upstream.
+    pub model: String,
+}
+
+impl Pending {
+    /// The call got no step (no upstream answered, or it answered an error).
+    pub fn abandon(self) {
+        self.recorder.abandon(&self.call);
+    }
+
+    /// The relay's tap: strips and assembles the response, then records the step.
+    pub fn into_tap(self, upstream: &str, kind: crate::config::UpstreamKind, is_sse: bool) -> Tap {
+        let Pending {
+            recorder,
+            call,
+            capture,
+            model,
+        } = self;
+        let upstream = UpstreamRef {
+            name: upstream.to_owned(),
+            kind: match kind {
+                crate::config::UpstreamKind::Openai => clawback_datapool::UpstreamKind::Openai,
+                crate::config::UpstreamKind::Vllm => clawback_datapool::UpstreamKind::Vllm,
+                crate::config::UpstreamKind::Sglang => clawback_datapool::UpstreamKind::Sglang,
+            },
+            model,
+        };
+        Tap {
+            capture: capture.response(is_sse),
+            record: Box::new(move |recorded: Recorded| {
+                let assembled = recorded.assembled;
+                let complete =
+                    recorded.end == RelayEnd::Complete && assembled.ending == Ending::Complete;
+                let outcome = Outcome {
+                    output: assembled.output,
+                    tokens: assembled.engine.map_or(Tokens::None, Tokens::Engine),
+                    finish_reason: assembled.finish_reason,
+                    usage: assembled.usage,
+                    upstream,
+                    first_token_at: recorded.first_byte_at,
+                    finished_at: UnixMs::now(),
+                    complete,
+                };
+                recorder.finish(call, outcome);
+            }),
+        }
+    }
 }
 
 /// A trajectory that may still get calls.

@@ -1,8 +1,13 @@
 //! What an agent sends arrives at the engine intact, and what the engine answers reaches the
 //! agent unchanged — and, when streamed, as it is produced.
+//!
+//! These tests forward to an `openai`-kind upstream, for which the sidecar asks nothing extra,
+//! so bodies can be compared byte for byte. What token capture adds and strips for vLLM and
+//! SGLang upstreams is checked in `recording.rs` and `tests/tests/capture.rs`.
 
 use std::time::{Duration, Instant};
 
+use clawback_sidecar::config::{Config, UpstreamKind};
 use clawback_tests::harness::{test_config, Sidecar};
 use clawback_tests::mock::{Behaviour, MockUpstream};
 use serde_json::{json, Value};
@@ -11,10 +16,17 @@ use crate::support::{
     assert_openai_error, chat_request, client, openclaw_request, read_chunks, sse_data,
 };
 
+/// A sidecar in front of `engine` that adds nothing to requests.
+fn transparent(engine: &MockUpstream) -> Config {
+    let mut config = test_config(&[engine.url()]);
+    config.upstream_kind = UpstreamKind::Openai;
+    config
+}
+
 #[tokio::test]
 async fn a_non_streaming_answer_passes_byte_for_byte() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let response = client()
         .post(sidecar.url("/v1/chat/completions"))
@@ -36,7 +48,7 @@ async fn a_streamed_answer_arrives_event_by_event_not_at_the_end() {
         chunk_delay: Duration::from_millis(150),
         ..Behaviour::default()
     });
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let started = Instant::now();
     let response = client()
@@ -72,7 +84,7 @@ async fn a_streamed_answer_arrives_event_by_event_not_at_the_end() {
 #[tokio::test]
 async fn an_openclaw_request_reaches_the_engine_intact_with_its_headers() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
     let body = serde_json::to_vec(&openclaw_request()).unwrap();
     assert!(body.len() > 30_000, "{} bytes", body.len());
 
@@ -123,7 +135,7 @@ async fn an_openclaw_request_reaches_the_engine_intact_with_its_headers() {
 #[tokio::test]
 async fn a_configured_upstream_key_replaces_the_agents() {
     let engine = MockUpstream::start().await;
-    let mut config = test_config(&[engine.url()]);
+    let mut config = transparent(&engine);
     config.upstream_api_key = Some("sk-upstream-secret".to_owned());
     let sidecar = Sidecar::start(config).await;
 
@@ -143,7 +155,7 @@ async fn a_configured_upstream_key_replaces_the_agents() {
 #[tokio::test]
 async fn the_session_path_form_is_stripped_before_forwarding() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let response = client()
         .post(sidecar.url("/s/run-7f3a/v1/chat/completions"))
@@ -158,7 +170,7 @@ async fn the_session_path_form_is_stripped_before_forwarding() {
 #[tokio::test]
 async fn other_v1_paths_pass_through_with_method_and_query() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let response = client()
         .post(sidecar.url("/v1/embeddings?dimensions=8"))
@@ -187,7 +199,7 @@ async fn an_engine_error_reaches_the_agent_as_the_engine_sent_it() {
         fail_with: Some(400),
         ..Behaviour::default()
     });
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let response = client()
         .post(sidecar.url("/v1/chat/completions"))
@@ -210,7 +222,7 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_openai_error_event()
         chunk_delay: Duration::from_millis(50),
         ..Behaviour::default()
     });
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let response = client()
         .post(sidecar.url("/v1/chat/completions"))
@@ -233,7 +245,7 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_openai_error_event()
 #[tokio::test]
 async fn h2c_clients_are_served() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()
@@ -254,7 +266,7 @@ async fn h2c_clients_are_served() {
 #[tokio::test]
 async fn completions_and_responses_streams_pass_through_unchanged() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let completion = client()
         .post(sidecar.url("/v1/completions"))
@@ -286,7 +298,7 @@ async fn completions_and_responses_streams_pass_through_unchanged() {
 #[tokio::test]
 async fn health_readiness_and_metrics_are_served() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let sidecar = Sidecar::start(transparent(&engine)).await;
     let client = client();
 
     assert_eq!(
