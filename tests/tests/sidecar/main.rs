@@ -4,5 +4,6 @@ mod balancing;
 mod forwarding;
 mod lifecycle;
 mod limits;
+mod recording;
 mod sdk;
 mod support;

@@ -1,0 +1,505 @@
+//! Every served call becomes a trajectory step in the datapool — with the engine's own token ids
+//! and logprobs, whichever way the agent called — and trajectories complete, group and stay
+//! within their tenant.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{
+    CompletionReason, Consumer, ConsumerName, ReadyItem, Store, TenantId, Tokens, TrajectoryRecord,
+    TrajectoryStatus,
+};
+use clawback_sidecar::config::Config;
+use clawback_sidecar::tenant::key_hash;
+use clawback_tests::harness::{test_config, Sidecar};
+use clawback_tests::mock::MockUpstream;
+use serde_json::{json, Value};
+
+use crate::support::{assert_openai_error, client};
+
+const TOOLS: &str = r#"[{"type": "function", "function": {"name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]"#;
+
+fn tools() -> Value {
+    serde_json::from_str(TOOLS).unwrap_or_default()
+}
+
+fn first_turn() -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": "You are a weather assistant."}),
+        json!({"role": "user", "content": "What's the weather in Paris?"}),
+    ]
+}
+
+fn tool_result(call_id: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": call_id, "content": "{\"temp_c\": 21, \"sky\": \"sunny\"}"})
+}
+
+fn store(sidecar: &Sidecar) -> Arc<dyn Store> {
+    Arc::clone(
+        sidecar
+            .app
+            .recorder
+            .as_ref()
+            .expect("recording is on")
+            .store(),
+    )
+}
+
+fn tenant(name: &str) -> TenantId {
+    TenantId::new(name).unwrap()
+}
+
+/// Polls `attempt` until it yields a value; panics naming `what` after ten seconds.
+async fn poll<T, F, Fut>(what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(value) = attempt().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Every stored trajectory of `tenant` with its steps, oldest first.
+async fn records(store: &Arc<dyn Store>, tenant: &TenantId) -> Vec<TrajectoryRecord> {
+    let mut out = Vec::new();
+    for header in store.list_trajectories(tenant, None, 1000).await.unwrap() {
+        if let Some(record) = store.trajectory(tenant, &header.id).await.unwrap() {
+            out.push(record);
+        }
+    }
+    out
+}
+
+/// The trajectory whose `session` metadata is `session`, once it is completed with `steps` steps.
+async fn completed(
+    store: &Arc<dyn Store>,
+    tenant: &TenantId,
+    session: &str,
+    steps: usize,
+) -> TrajectoryRecord {
+    poll(
+        &format!("trajectory {session} completed with {steps} steps"),
+        || {
+            let (store, tenant, session) = (Arc::clone(store), tenant.clone(), session.to_owned());
+            async move {
+                records(&store, &tenant).await.into_iter().find(|r| {
+                    r.trajectory.metadata.get("session") == Some(&json!(session))
+                        && r.trajectory.status == TrajectoryStatus::Completed
+                        && r.steps.len() == steps
+                })
+            }
+        },
+    )
+    .await
+}
+
+/// One chat call; returns the assistant message as the agent would append it to its history.
+async fn chat(
+    sidecar: &Sidecar,
+    headers: &[(&str, &str)],
+    messages: &[Value],
+    stream: bool,
+) -> Value {
+    let mut request = client().post(sidecar.url("/v1/chat/completions"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = json!({"model": "mock-llama", "messages": messages, "tools": tools(),
+                      "stream": stream, "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null }});
+    let response = request.json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let bytes = response.bytes().await.unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    // Whatever the sidecar asked the engine for, the agent gets none of it.
+    assert!(!text.contains("\"prompt_token_ids\":["), "{text}");
+    assert!(!text.contains("\"token_ids\":["), "{text}");
+    assert!(!text.contains("\"logprob\":"), "{text}");
+    if !stream {
+        let value: Value = serde_json::from_slice(&bytes).unwrap();
+        return value["choices"][0]["message"].clone();
+    }
+    // Assemble the streamed message the way an SDK does.
+    let (mut content, mut calls) = (String::new(), Vec::<Value>::new());
+    for data in crate::support::sse_data(&bytes) {
+        let Ok(chunk) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        let delta = &chunk["choices"][0]["delta"];
+        content.push_str(delta["content"].as_str().unwrap_or_default());
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let i = call["index"].as_u64().unwrap_or(0) as usize;
+            if calls.len() <= i {
+                calls.push(json!({"id": call["id"], "type": "function",
+                                  "function": {"name": call["function"]["name"], "arguments": ""}}));
+            }
+            let args = calls[i]["function"]["arguments"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+                + call["function"]["arguments"].as_str().unwrap_or_default();
+            calls[i]["function"]["arguments"] = json!(args);
+        }
+    }
+    let mut message = json!({"role": "assistant", "content": if content.is_empty() { Value::Null } else { json!(content) }});
+    if !calls.is_empty() {
+        message["tool_calls"] = json!(calls);
+    }
+    message
+}
+
+/// A two-turn tool-using session: the model calls the tool, gets its result, answers.
+async fn tool_session(sidecar: &Sidecar, session: &str, stream: bool) {
+    let mut messages = first_turn();
+    let reply = chat(
+        sidecar,
+        &[("x-clawback-session", session)],
+        &messages,
+        stream,
+    )
+    .await;
+    let call_id = reply["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+    messages.push(reply);
+    messages.push(tool_result(&call_id));
+    chat(
+        sidecar,
+        &[("x-clawback-session", session), ("x-clawback-done", "true")],
+        &messages,
+        stream,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_tool_using_session_is_recorded_identically_streamed_or_not() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    tool_session(&sidecar, "streamed", true).await;
+    tool_session(&sidecar, "plain", false).await;
+
+    let store = store(&sidecar);
+    let default = tenant("default");
+    let streamed = completed(&store, &default, "streamed", 2).await;
+    let plain = completed(&store, &default, "plain", 2).await;
+    assert_eq!(
+        streamed.trajectory.completion,
+        Some(CompletionReason::DoneHeader)
+    );
+    for (s, p) in streamed.steps.iter().zip(&plain.steps) {
+        assert_eq!(s.output, p.output);
+        assert_eq!(s.tokens, p.tokens);
+        assert_eq!(s.finish_reason, p.finish_reason);
+        assert_eq!(s.usage, p.usage);
+        assert!(s.trainable && p.trainable);
+    }
+
+    // The engine's own ids and one logprob per id, EOS included on the text answer.
+    let first = &plain.steps[0];
+    assert_eq!(first.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(
+        first.output.tool_calls[0]["function"]["name"],
+        "get_weather"
+    );
+    let last = &plain.steps[1];
+    let Tokens::Engine(tokens) = &last.tokens else {
+        panic!("a vLLM step must carry engine tokens: {:?}", last.tokens)
+    };
+    assert!(!tokens.prompt_token_ids.is_empty());
+    assert_eq!(
+        tokens.completion_token_ids.last(),
+        Some(&clawback_tests::engine_json::EOS_ID)
+    );
+    assert_eq!(
+        tokens.completion_logprobs.len(),
+        tokens.completion_token_ids.len()
+    );
+    assert_eq!(
+        last.output.content.as_deref(),
+        Some(clawback_tests::engine_json::ANSWER)
+    );
+
+    // The tool result the second call added is the first step's next state.
+    let call_id = first.output.tool_calls[0]["id"].as_str().unwrap();
+    let next = first
+        .next_state
+        .as_ref()
+        .expect("first step has a next state");
+    assert_eq!(next.messages, vec![tool_result(call_id)]);
+    assert!(last.next_state.is_none());
+
+    // Both trajectories are ready for a trainer.
+    let consumer = Consumer::new(
+        ConsumerName::new("trainers").unwrap(),
+        ConsumerName::new("t1").unwrap(),
+    );
+    let ready = store.read_ready(&default, &consumer, 10).await.unwrap();
+    let ids: Vec<ReadyItem> = ready.iter().map(|d| d.item).collect();
+    assert!(ids.contains(&ReadyItem::Trajectory(streamed.trajectory.id)));
+    assert!(ids.contains(&ReadyItem::Trajectory(plain.trajectory.id)));
+}
+
+#[tokio::test]
+async fn an_idle_trajectory_is_completed_with_its_last_turn() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.recording.idle_timeout = Duration::from_millis(300);
+    let sidecar = Sidecar::start(config).await;
+    chat(
+        &sidecar,
+        &[("x-clawback-session", "quiet")],
+        &first_turn(),
+        false,
+    )
+    .await;
+
+    let record = completed(&store(&sidecar), &tenant("default"), "quiet", 1).await;
+    assert_eq!(
+        record.trajectory.completion,
+        Some(CompletionReason::IdleTimeout)
+    );
+}
+
+#[tokio::test]
+async fn a_group_is_ready_when_all_rollouts_are_done_or_partial_after_its_timeout() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.recording.group_timeout = Duration::from_millis(600);
+    let sidecar = Sidecar::start(config).await;
+    let store = store(&sidecar);
+    let default = tenant("default");
+    for rollout in ["r1", "r2"] {
+        let headers = [
+            ("x-clawback-session", rollout),
+            ("x-clawback-group", "task-7"),
+            ("x-clawback-group-size", "2"),
+            ("x-clawback-done", "true"),
+        ];
+        chat(&sidecar, &headers, &first_turn(), false).await;
+    }
+    // A three-rollout group where one rollout never finishes.
+    for rollout in ["s1", "s2"] {
+        let headers = [
+            ("x-clawback-session", rollout),
+            ("x-clawback-group", "task-8"),
+            ("x-clawback-group-size", "3"),
+            ("x-clawback-done", "true"),
+        ];
+        chat(&sidecar, &headers, &first_turn(), false).await;
+    }
+
+    let consumer = Consumer::new(
+        ConsumerName::new("trainers").unwrap(),
+        ConsumerName::new("t1").unwrap(),
+    );
+    let groups = Arc::new(std::sync::Mutex::new(Vec::new()));
+    poll("both groups delivered", || {
+        let (store, default, consumer, groups) = (
+            Arc::clone(&store),
+            default.clone(),
+            consumer.clone(),
+            Arc::clone(&groups),
+        );
+        async move {
+            for delivery in store.read_ready(&default, &consumer, 10).await.unwrap() {
+                if let ReadyItem::Group(id) = delivery.item {
+                    let group = store.group(&default, &id).await.unwrap().unwrap();
+                    groups.lock().unwrap().push(group);
+                }
+            }
+            (groups.lock().unwrap().len() == 2).then_some(())
+        }
+    })
+    .await;
+    let groups = groups.lock().unwrap().clone();
+    let sizes: Vec<(u32, usize, clawback_datapool::GroupState)> = groups
+        .iter()
+        .map(|g| (g.size, g.finished.len(), g.state))
+        .collect();
+    assert!(
+        sizes.contains(&(2, 2, clawback_datapool::GroupState::Ready)),
+        "{sizes:?}"
+    );
+    assert!(
+        sizes.contains(&(3, 2, clawback_datapool::GroupState::Partial)),
+        "{sizes:?}"
+    );
+}
+
+#[tokio::test]
+async fn side_turns_are_recorded_but_not_for_training() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let headers = [
+        ("x-session-id", "oc-1"),
+        ("x-turn-type", "side"),
+        ("x-session-done", "true"),
+    ];
+    chat(&sidecar, &headers, &first_turn(), false).await;
+    let record = completed(&store(&sidecar), &tenant("default"), "oc-1", 1).await;
+    assert!(!record.steps[0].trainable);
+}
+
+fn two_tenants(engine: &MockUpstream) -> Config {
+    let mut config = test_config(&[engine.url()]);
+    config.tenants.default = None;
+    config.tenants.keys = BTreeMap::from([
+        (key_hash("sk-alpha-0123456789"), "alpha".to_owned()),
+        (key_hash("sk-beta-0123456789"), "beta".to_owned()),
+    ]);
+    config
+}
+
+#[tokio::test]
+async fn each_tenant_sees_only_its_own_trajectories_and_keys_are_never_stored() {
+    let engine = MockUpstream::start().await;
+    let config = two_tenants(&engine);
+    let data_dir = config.data_dir.clone();
+    let sidecar = Sidecar::start(config).await;
+
+    let auth = |key: &str| format!("Bearer {key}");
+    chat(
+        &sidecar,
+        &[
+            ("authorization", &auth("sk-alpha-0123456789")),
+            ("x-clawback-session", "same-name"),
+            ("x-clawback-done", "true"),
+        ],
+        &first_turn(),
+        false,
+    )
+    .await;
+    chat(
+        &sidecar,
+        &[
+            ("authorization", &auth("sk-beta-0123456789")),
+            ("x-clawback-session", "same-name"),
+            ("x-clawback-done", "true"),
+        ],
+        &first_turn(),
+        false,
+    )
+    .await;
+    let unknown = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .bearer_auth("sk-nobody")
+        .json(&json!({"model": "m", "messages": first_turn()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 401);
+    assert_openai_error(&unknown.json().await.unwrap(), "invalid_api_key");
+
+    let store = store(&sidecar);
+    let alpha = completed(&store, &tenant("alpha"), "same-name", 1).await;
+    let beta = completed(&store, &tenant("beta"), "same-name", 1).await;
+    assert_ne!(
+        alpha.trajectory.id, beta.trajectory.id,
+        "two tenants were joined"
+    );
+    assert!(store
+        .trajectory(&tenant("beta"), &alpha.trajectory.id)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(records(&store, &tenant("alpha")).await.len(), 1);
+
+    // Nothing on disk holds an API key.
+    for entry in std::fs::read_dir(&data_dir).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("sk-alpha") && !text.contains("sk-beta"));
+    }
+}
+
+#[tokio::test]
+async fn the_handshake_api_opens_completes_and_shows_a_trajectory() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.admin.token = Some("admin-secret".to_owned());
+    let sidecar = Sidecar::start(config).await;
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth("admin-secret");
+
+    let refused = client()
+        .post(sidecar.url("/trajectories"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+
+    let created: Value = admin(client().post(sidecar.url("/trajectories")))
+        .json(&json!({"metadata": {"task": "weather"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["trajectory_id"].as_str().unwrap().to_owned();
+    let base_url = created["base_url"].as_str().unwrap().to_owned();
+    assert!(base_url.ends_with(&format!("/s/{id}/v1")), "{base_url}");
+
+    // The agent uses the base_url it was given.
+    let answer = client()
+        .post(format!("{base_url}/chat/completions"))
+        .json(&json!({"model": "mock-llama", "messages": first_turn()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.bytes().await.unwrap();
+
+    let completed_reply =
+        admin(client().post(sidecar.url(&format!("/trajectories/{id}/complete"))))
+            .json(&json!({"reward": 1.0}))
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(completed_reply.status(), 200);
+
+    let shown = poll("the completed trajectory with its step and reward", || {
+        let url = sidecar.url(&format!("/trajectories/{id}"));
+        async move {
+            let response = client()
+                .get(url)
+                .bearer_auth("admin-secret")
+                .send()
+                .await
+                .ok()?;
+            let shown: Value = response.json().await.ok()?;
+            let ready = shown["trajectory"]["status"] == "completed"
+                && shown["steps"].as_array().is_some_and(|s| s.len() == 1)
+                && shown["evaluations"]
+                    .as_array()
+                    .is_some_and(|e| e.len() == 1);
+            ready.then_some(shown)
+        }
+    })
+    .await;
+    assert_eq!(shown["trajectory"]["metadata"]["task"], "weather");
+    assert_eq!(shown["evaluations"][0]["reward"], 1.0);
+
+    let unknown =
+        admin(client().get(sidecar.url("/trajectories/0192f6a0-0000-7000-8000-000000000000")))
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(unknown.status(), 404);
+    let unknown = admin(
+        client().post(sidecar.url("/trajectories/0192f6a0-0000-7000-8000-000000000000/complete")),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(unknown.status(), 404);
+}
