@@ -55,6 +55,8 @@ pub struct Config {
     /// Redis (`redis://`, `rediss://`, AUTH in the URL) for recorded trajectories. Unset: the
     /// embedded SQLite store in `data_dir`.
     pub redis: Option<String>,
+    /// `redis` is a Redis Cluster: a comma-separated list of seed node URLs.
+    pub redis_cluster: bool,
     /// The embedded store, and the spool that keeps steps while Redis is unreachable.
     pub data_dir: PathBuf,
     pub timeouts: Timeouts,
@@ -180,6 +182,7 @@ impl Default for Config {
             upstream_api_key: None,
             balancer: BalancerKind::PowerOfTwoChoices,
             redis: None,
+            redis_cluster: false,
             data_dir: PathBuf::from("clawback-data"),
             timeouts: Timeouts {
                 header_read: Duration::from_secs(10),
@@ -259,6 +262,7 @@ const ENV_KEYS: &[&str] = &[
     "upstream_api_key",
     "balancer",
     "redis",
+    "redis_cluster",
     "data_dir",
     "timeouts",
     "limits",

@@ -36,7 +36,12 @@ pub async fn open(config: &Config) -> Result<Arc<dyn Store>, OpenError> {
             config.data_dir.join(LOCAL_FILE),
         )?)),
         Some(url) => {
-            let redis = RedisStore::connect(&RedisConfig::single(url.clone())).await?;
+            let redis_config = if config.redis_cluster {
+                RedisConfig::cluster(url.split(',').map(str::trim).filter(|u| !u.is_empty()))
+            } else {
+                RedisConfig::single(url.clone())
+            };
+            let redis = RedisStore::connect(&redis_config).await?;
             let spool = LocalStore::open(config.data_dir.join(SPOOL_FILE))?;
             Ok(Arc::new(
                 SpooledStore::new(redis, spool, SpoolConfig::default()).await?,

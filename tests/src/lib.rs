@@ -5,3 +5,4 @@ pub mod engine_json;
 pub mod harness;
 pub mod load;
 pub mod mock;
+pub mod redis_server;

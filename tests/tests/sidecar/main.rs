@@ -5,5 +5,6 @@ mod forwarding;
 mod lifecycle;
 mod limits;
 mod recording;
+mod redis;
 mod sdk;
 mod support;

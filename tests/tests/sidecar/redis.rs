@@ -1,0 +1,122 @@
+//! Recording into Redis: an outage mid-load loses no served step and costs agents nothing; a
+//! Redis Cluster works the same; no API key ever reaches Redis.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{RedisConfig, RedisStore, Store, TenantId, TrajectoryStatus};
+use clawback_sidecar::tenant::key_hash;
+use clawback_tests::harness::{test_config, Sidecar};
+use clawback_tests::mock::MockUpstream;
+use clawback_tests::redis_server::{RedisCluster, RedisServer};
+use serde_json::json;
+
+use crate::support::client;
+
+/// Completed one-step trajectories of `tenant` in `store`, polled until `want` or ten seconds.
+async fn completed_count(store: &RedisStore, tenant: &TenantId, want: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut done = 0;
+        for header in store
+            .list_trajectories(tenant, None, 10_000)
+            .await
+            .unwrap_or_default()
+        {
+            if header.status != TrajectoryStatus::Completed {
+                continue;
+            }
+            if let Ok(Some(record)) = store.trajectory(tenant, &header.id).await {
+                done += usize::from(record.steps.len() == 1);
+            }
+        }
+        if done >= want || Instant::now() >= deadline {
+            return done;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn one_turn(sidecar: &Sidecar, session: &str, key: &str) -> u16 {
+    client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .header("x-clawback-session", session)
+        .header("x-clawback-done", "true")
+        .json(&json!({"model": "mock-llama", "messages": [{"role": "user", "content": format!("turn of {session}")}]}))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn redis_going_away_mid_load_loses_no_served_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start_durable(dir.path());
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.redis = Some(redis.url());
+    let sidecar = Sidecar::start(config).await;
+
+    let calls = 90;
+    for i in 0..calls {
+        if i == 30 {
+            redis.kill();
+        }
+        if i == 60 {
+            redis.restart();
+        }
+        assert_eq!(
+            one_turn(&sidecar, &format!("load-{i}"), "sk-any").await,
+            200,
+            "call {i}"
+        );
+    }
+
+    let reader = RedisStore::connect(&RedisConfig::single(redis.url()))
+        .await
+        .unwrap();
+    let tenant = TenantId::new("default").unwrap();
+    assert_eq!(completed_count(&reader, &tenant, calls).await, calls);
+}
+
+#[tokio::test]
+async fn a_redis_cluster_records_and_no_api_key_reaches_it() {
+    let cluster = RedisCluster::start();
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.redis = Some(cluster.seeds().join(","));
+    config.redis_cluster = true;
+    config.tenants.keys = BTreeMap::from([(key_hash("sk-cluster-secret-42"), "crew".to_owned())]);
+    let sidecar = Sidecar::start(config).await;
+
+    for i in 0..5 {
+        assert_eq!(
+            one_turn(&sidecar, &format!("c-{i}"), "sk-cluster-secret-42").await,
+            200
+        );
+    }
+    let reader = RedisStore::connect(&RedisConfig::cluster(cluster.seeds()))
+        .await
+        .unwrap();
+    let tenant = TenantId::new("crew").unwrap();
+    assert_eq!(completed_count(&reader, &tenant, 5).await, 5);
+
+    // Dump every key of every node: the agent's key is nowhere.
+    for node in &cluster.nodes {
+        let client = redis::Client::open(node.url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+        for key in keys {
+            let dump: Vec<u8> = redis::cmd("DUMP")
+                .arg(&key)
+                .query(&mut conn)
+                .unwrap_or_default();
+            assert!(
+                !String::from_utf8_lossy(&dump).contains("sk-cluster-secret"),
+                "{key}"
+            );
+        }
+    }
+}
