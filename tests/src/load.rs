@@ -35,6 +35,8 @@ pub fn http_client() -> HttpClient {
 pub struct Target {
     pub url: String,
     pub body: Bytes,
+    /// Extra request headers (e.g. `x-clawback-done` so each call is a whole trajectory).
+    pub headers: Vec<(&'static str, &'static str)>,
     /// Measure to the first body chunk instead of the whole response.
     pub first_byte: bool,
 }
@@ -103,8 +105,11 @@ impl Recorder {
 
 /// One request; the latency counts from `due`.
 async fn call(client: &HttpClient, target: &Target, due: Instant) -> Result<Duration, ()> {
-    let request = Request::post(target.url.as_str())
-        .header("content-type", "application/json")
+    let mut request = Request::post(target.url.as_str()).header("content-type", "application/json");
+    for (name, value) in &target.headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
         .body(Full::new(target.body.clone()))
         .map_err(|_| ())?;
     let work = async {

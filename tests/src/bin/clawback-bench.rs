@@ -139,25 +139,56 @@ fn chat_body(stream: bool) -> Bytes {
     Bytes::from(body.to_string())
 }
 
-async fn pair(
+/// Runs `run` against every target in turn, each after a short warm-up (connection pools,
+/// allocator), so all of them see the same machine state.
+async fn each(
     client: &HttpClient,
-    direct: &Target,
-    via: &Target,
+    targets: &[(&str, Target)],
     run: impl Fn(HttpClient, Target) -> tokio::task::JoinHandle<PhaseResult>,
-) -> (PhaseResult, PhaseResult) {
-    // Warm both paths (connection pools, allocator) before measuring.
-    let _ = open_loop(client, direct, 200, Duration::from_secs(1)).await;
-    let _ = open_loop(client, via, 200, Duration::from_secs(1)).await;
-    let d = run(client.clone(), direct.clone()).await;
-    let v = run(client.clone(), via.clone()).await;
-    match (d, v) {
-        (Ok(d), Ok(v)) => (d, v),
-        _ => panic!("a load phase panicked"),
+) -> Vec<PhaseResult> {
+    let mut results = Vec::new();
+    for (_, target) in targets {
+        let _ = open_loop(client, target, 200, Duration::from_secs(1)).await;
+        match run(client.clone(), target.clone()).await {
+            Ok(result) => results.push(result),
+            Err(e) => panic!("a load phase failed: {e}"),
+        }
     }
+    results
 }
 
 fn ms(x: f64) -> String {
     format!("{x:.3}")
+}
+
+/// A `redis-server` for the recording sidecar, on a free port, gone when dropped.
+fn start_redis() -> Result<(Process, String), String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start redis-server: {e}"))?;
+    let url = format!("redis://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok((Process(child), url));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err("redis-server did not come up".to_owned())
 }
 
 #[tokio::main]
@@ -170,9 +201,8 @@ async fn main() -> Result<(), String> {
         "mock-upstream listening on ",
         None,
     )?;
-    let (sidecar, sidecar_url) = spawn(
-        &args.sidecar,
-        &[
+    let serve = |extra: &[&str]| -> Vec<String> {
+        let mut argv: Vec<String> = [
             "serve",
             "--listen",
             "127.0.0.1:0",
@@ -182,96 +212,135 @@ async fn main() -> Result<(), String> {
             "log.filter=warn",
             "--set",
             "limits.max_concurrent_requests=100000",
-        ],
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        argv.extend(extra.iter().map(|s| (*s).to_owned()));
+        argv
+    };
+    // The proxy alone: an OpenAI-kind upstream, nothing injected, recording off.
+    let plain_args = serve(&[
+        "--upstream-kind",
+        "openai",
+        "--set",
+        "recording.enabled=false",
+    ]);
+    let plain_refs: Vec<&str> = plain_args.iter().map(String::as_str).collect();
+    let (sidecar, sidecar_url) = spawn(
+        &args.sidecar,
+        &plain_refs,
+        "clawback-sidecar listening on ",
+        args.sidecar_cpu,
+    )?;
+    // Recording into Redis: a vLLM-kind upstream, token ids and logprobs captured and stripped.
+    let (_redis, redis_url) = start_redis()?;
+    let data_dir = std::env::temp_dir().join(format!("clawback-bench-{}", std::process::id()));
+    let data_dir_arg = data_dir.display().to_string();
+    let recording_args = serve(&[
+        "--upstream-kind",
+        "vllm",
+        "--redis",
+        &redis_url,
+        "--data-dir",
+        &data_dir_arg,
+    ]);
+    let recording_refs: Vec<&str> = recording_args.iter().map(String::as_str).collect();
+    let (recorder, recorder_url) = spawn(
+        &args.sidecar,
+        &recording_refs,
         "clawback-sidecar listening on ",
         args.sidecar_cpu,
     )?;
     let rss = RssSampler::start(sidecar.0.id());
+    let recorder_rss = RssSampler::start(recorder.0.id());
     let client = http_client();
     let target = |base: &str, stream: bool| Target {
         url: format!("{base}/v1/chat/completions"),
         body: chat_body(stream),
+        headers: vec![("x-clawback-done", "true")],
         first_byte: stream,
     };
-    let (direct, via) = (target(&engine_url, false), target(&sidecar_url, false));
+    let targets = |stream: bool| {
+        vec![
+            ("direct", target(&engine_url, stream)),
+            ("sidecar", target(&sidecar_url, stream)),
+            ("recording", target(&recorder_url, stream)),
+        ]
+    };
 
     let mut report = String::new();
     if let Some(cpu) = args.sidecar_cpu {
         report.push_str(&format!(
-            "Sidecar pinned to CPU {cpu}; load generator and engine on the other CPU(s).\n\n"
+            "Sidecars pinned to CPU {cpu}; load generator and engine on the other CPU(s).\n\n"
         ));
     } else {
-        report.push_str("Load generator, engine and sidecar share all CPUs (nothing pinned).\n\n");
+        report.push_str("Load generator, engine and sidecars share all CPUs (nothing pinned).\n\n");
     }
     report.push_str(&format!(
-        "Non-streaming chat completions, open loop, {}s per phase; latency in ms from the \
-         moment each request was due.\n\n",
+        "Non-streaming chat completions, open loop, {}s per phase; latency in ms from the moment \
+         each request was due. *direct*: straight to the mock engine; *sidecar*: the proxy alone \
+         (recording off); *recording*: the proxy recording every call into Redis, with vLLM token \
+         ids and logprobs captured and stripped.\n\n",
         args.seconds
     ));
-    report.push_str("| rate (req/s) | direct p50 | p90 | p99 | p99.9 | sidecar p50 | p90 | p99 | p99.9 | added p50 | added p99 | errors (direct/sidecar) |\n");
-    report.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    report.push_str("| rate (req/s) | direct p50 | p99 | p99.9 | sidecar p50 | p99 | p99.9 | recording p50 | p99 | p99.9 | sidecar added p50 / p99 | recording added p50 / p99 | errors (d/s/r) |\n");
+    report.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for &rate in &args.rates {
-        let (d, v) = pair(&client, &direct, &via, |c, t| {
+        let r = each(&client, &targets(false), |c, t| {
             tokio::spawn(async move { open_loop(&c, &t, rate, phase).await })
         })
         .await;
-        let p = |r: &PhaseResult, q| r.percentile_ms(q);
+        let p = |i: usize, q| r[i].percentile_ms(q);
         report.push_str(&format!(
-            "| {rate} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |\n",
-            ms(p(&d, 0.5)),
-            ms(p(&d, 0.9)),
-            ms(p(&d, 0.99)),
-            ms(p(&d, 0.999)),
-            ms(p(&v, 0.5)),
-            ms(p(&v, 0.9)),
-            ms(p(&v, 0.99)),
-            ms(p(&v, 0.999)),
-            ms(p(&v, 0.5) - p(&d, 0.5)),
-            ms(p(&v, 0.99) - p(&d, 0.99)),
-            d.errors,
-            v.errors,
+            "| {rate} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {}/{}/{} |\n",
+            ms(p(0, 0.5)), ms(p(0, 0.99)), ms(p(0, 0.999)),
+            ms(p(1, 0.5)), ms(p(1, 0.99)), ms(p(1, 0.999)),
+            ms(p(2, 0.5)), ms(p(2, 0.99)), ms(p(2, 0.999)),
+            ms(p(1, 0.5) - p(0, 0.5)), ms(p(1, 0.99) - p(0, 0.99)),
+            ms(p(2, 0.5) - p(0, 0.5)), ms(p(2, 0.99) - p(0, 0.99)),
+            r[0].errors, r[1].errors, r[2].errors,
         ));
         eprintln!("rate {rate}: done");
     }
 
     let concurrency = args.concurrency;
-    let (d, v) = pair(&client, &direct, &via, |c, t| {
+    let r = each(&client, &targets(false), |c, t| {
         tokio::spawn(async move { closed_loop(&c, &t, concurrency, phase).await })
     })
     .await;
     report.push_str(&format!(
-        "\nMaximum throughput, closed loop with {concurrency} requests in flight: direct \
-         {:.0} req/s, through the sidecar {:.0} req/s (**{:.0} %** of direct); errors {}/{}.\n",
-        d.throughput(),
-        v.throughput(),
-        100.0 * v.throughput() / d.throughput(),
-        d.errors,
-        v.errors,
+        "\nMaximum throughput, closed loop with {concurrency} requests in flight: direct {:.0} req/s; \
+         sidecar {:.0} req/s (**{:.0} %** of direct); recording {:.0} req/s (**{:.0} %** of direct); \
+         errors {}/{}/{}.\n",
+        r[0].throughput(),
+        r[1].throughput(),
+        100.0 * r[1].throughput() / r[0].throughput(),
+        r[2].throughput(),
+        100.0 * r[2].throughput() / r[0].throughput(),
+        r[0].errors, r[1].errors, r[2].errors,
     ));
 
-    let (direct_stream, via_stream) = (target(&engine_url, true), target(&sidecar_url, true));
-    let (d, v) = pair(&client, &direct_stream, &via_stream, |c, t| {
+    let r = each(&client, &targets(true), |c, t| {
         tokio::spawn(async move { open_loop(&c, &t, 500, phase).await })
     })
     .await;
     report.push_str(&format!(
-        "\nStreaming chat completions at 500 req/s, time to first byte: direct p50 {} / p99 {} ms, \
-         through the sidecar p50 {} / p99 {} ms — added p50 {} / p99 {} ms; errors {}/{}.\n",
-        ms(d.percentile_ms(0.5)),
-        ms(d.percentile_ms(0.99)),
-        ms(v.percentile_ms(0.5)),
-        ms(v.percentile_ms(0.99)),
-        ms(v.percentile_ms(0.5) - d.percentile_ms(0.5)),
-        ms(v.percentile_ms(0.99) - d.percentile_ms(0.99)),
-        d.errors,
-        v.errors,
+        "\nStreaming chat completions at 500 req/s, time to first byte (p50 / p99, ms): direct {} / {}; \
+         sidecar {} / {}; recording {} / {}; errors {}/{}/{}.\n",
+        ms(r[0].percentile_ms(0.5)), ms(r[0].percentile_ms(0.99)),
+        ms(r[1].percentile_ms(0.5)), ms(r[1].percentile_ms(0.99)),
+        ms(r[2].percentile_ms(0.5)), ms(r[2].percentile_ms(0.99)),
+        r[0].errors, r[1].errors, r[2].errors,
     ));
     report.push_str(&format!(
-        "\nSidecar peak RSS during the whole run: {:.1} MiB.\n",
-        rss.peak_mib()
+        "\nPeak RSS over the whole run: sidecar {:.1} MiB, recording sidecar {:.1} MiB.\n",
+        rss.peak_mib(),
+        recorder_rss.peak_mib()
     ));
 
     println!("{report}");
+    let _ = std::fs::remove_dir_all(&data_dir);
     if let Some(out) = args.out {
         std::fs::write(&out, &report).map_err(|e| format!("{}: {e}", out.display()))?;
     }
