@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI API and forward it to the upstream(s).
     Serve(ServeArgs),
+    /// Print the `sha256:<hex>` form of an API key (read from stdin) for `[tenants.keys]`.
+    HashKey,
 }
 
 #[derive(Debug, Args)]
@@ -54,6 +56,14 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::HashKey => {
+            let mut key = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut key) {
+                return fail(&e);
+            }
+            println!("{}", crate::tenant::key_hash(key.trim()));
+            ExitCode::SUCCESS
+        }
     }
 }
 
