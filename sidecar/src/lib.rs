@@ -14,5 +14,6 @@ pub mod metrics;
 pub mod relay;
 pub mod route;
 pub mod server;
+pub mod session;
 pub mod telemetry;
 pub mod upstream;
