@@ -11,28 +11,34 @@
 //!   reply must hash the same either way. `refusal`, `audio`, `name` and other extras do not count.
 //! - **Tool result**: a chat `tool` message or a `function_call_output`: the tool-call id and the text.
 //! - **Other message** (`system`, `developer`, `user`, ...): role, text and a non-empty `name`.
-//! - **Anything else** (an item type we do not know): its canonical JSON, whole.
+//! - **Anything else** (an item type we do not know): its canonical value, whole.
 //!
 //! Within a turn: text is the concatenation of the string content or of the text parts
 //! (`text`, `input_text`, `output_text`), trimmed of ASCII whitespace; `null`, absent and `""` are the
-//! same; a non-text part (image, audio, file) counts as its canonical JSON. A tool-call id keeps only
-//! its ASCII alphanumerics (`call_abc-123` = `callabc123`). Tool-call `arguments` count as
-//! canonical JSON (sorted keys, no whitespace, escapes decoded, integral floats as integers, `""` =
-//! `{}`), or as the trimmed string when they are not JSON.
+//! same; a non-text part (image, audio, file) counts as its canonical value. A tool-call id keeps
+//! only its ASCII alphanumerics (`call_abc-123` = `callabc123`). Tool-call `arguments` count as the
+//! canonical value of the JSON they hold (keys sorted, whitespace and escapes gone, integral floats
+//! as integers, `""` = `{}`), or as the trimmed string when they are not JSON.
 //!
-//! Every field is written tagged and length-prefixed, so distinct canonical histories never
-//! produce the same byte stream; the stream starts with the tenant, so every hash is per tenant.
+//! Every field is written tagged and length-prefixed, and every turn closes with a tag of its own,
+//! so distinct canonical histories never produce the same byte stream; the stream starts with the
+//! tenant, so every hash is per tenant.
 
+use std::borrow::Cow;
+use std::fmt;
 use std::io::Write as _;
+use std::ops::Range;
 
 use clawback_datapool::TenantId;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::Xxh3Default;
 
 /// Bumped whenever the canonical form changes, so old and new hashes never meet.
 const DOMAIN: &[u8] = b"clawback-stitch-v1";
 
-// Field tags. Values below 0x20 never appear unescaped in canonical JSON or in a length.
+// Field tags. Every variable-length field after a tag is length-prefixed, so content can never
+// pass for a tag.
 const ROLE: u8 = 0x01;
 const TEXT: u8 = 0x02;
 const PART: u8 = 0x03;
@@ -42,6 +48,7 @@ const CALL_ID: u8 = 0x06;
 const ARGS_JSON: u8 = 0x07;
 const ARGS_RAW: u8 = 0x08;
 const OPAQUE: u8 = 0x09;
+const TURN_END: u8 = 0x0a;
 
 /// Where a canonical prefix of a history ends, in items of the history as sent, and its hash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,11 +73,11 @@ pub struct HistoryHasher {
     pushed: usize,
     /// An assistant turn is open: assistant-side items keep adding to it until another item comes.
     assistant_open: bool,
-    /// The canonical bytes of the turn being built.
+    /// Small fields of the turn being built, staged to spare the hasher many tiny updates.
     turn: Vec<u8>,
     /// Text not yet written to `turn`: consecutive text parts form one text.
     text: Vec<u8>,
-    /// Scratch space for canonical JSON.
+    /// Scratch space for canonical values.
     json: Vec<u8>,
     boundaries: Vec<Boundary>,
 }
@@ -104,9 +111,10 @@ impl HistoryHasher {
         match reply {
             Value::Array(items) => items.iter().for_each(|item| self.push(item)),
             Value::Object(message) if !message.contains_key("type") => {
+                let fields = Fields::of(message);
                 self.push_classified(Item::Assistant {
-                    content: message.get("content"),
-                    calls: chat_calls(message),
+                    content: fields.content,
+                    calls: chat_calls(&fields),
                 });
             }
             other => self.push(other),
@@ -155,8 +163,8 @@ impl HistoryHasher {
             }
             Item::Opaque(value) => {
                 self.json.clear();
-                write_canonical_json(value, &mut self.json);
-                put_tagged(&mut self.turn, OPAQUE, &self.json);
+                write_canonical_value(value, &mut self.json);
+                put_payload(&mut self.hasher, &mut self.turn, OPAQUE, &self.json);
             }
         }
         self.pushed += 1;
@@ -165,7 +173,8 @@ impl HistoryHasher {
 
     fn close_turn(&mut self, end: usize) {
         self.flush_text();
-        put_bytes_to_hasher(&mut self.hasher, &self.turn);
+        self.turn.push(TURN_END);
+        self.hasher.update(&self.turn);
         self.turn.clear();
         self.assistant_open = false;
         self.boundaries.push(Boundary {
@@ -184,28 +193,35 @@ impl HistoryHasher {
     }
 
     fn part(&mut self, part: &Value) {
-        match part {
-            Value::String(text) => self.text.extend_from_slice(text.as_bytes()),
-            Value::Object(fields) if is_text_part(fields) => {
-                if let Some(text) = fields.get("text").and_then(Value::as_str) {
-                    self.text.extend_from_slice(text.as_bytes());
-                }
-            }
-            other => self.opaque_part(other),
+        let text = match part {
+            Value::String(text) => Some(text.as_str()),
+            Value::Object(fields) => match Fields::of(fields) {
+                Fields {
+                    kind: Some("text" | "input_text" | "output_text"),
+                    text,
+                    ..
+                } => Some(text.unwrap_or("")),
+                _ => None,
+            },
+            _ => None,
+        };
+        match text {
+            Some(text) => self.text.extend_from_slice(text.as_bytes()),
+            None => self.opaque_part(part),
         }
     }
 
     fn opaque_part(&mut self, part: &Value) {
         self.flush_text();
         self.json.clear();
-        write_canonical_json(part, &mut self.json);
-        put_tagged(&mut self.turn, PART, &self.json);
+        write_canonical_value(part, &mut self.json);
+        put_payload(&mut self.hasher, &mut self.turn, PART, &self.json);
     }
 
     fn flush_text(&mut self) {
         let text = self.text.trim_ascii();
         if !text.is_empty() {
-            put_tagged(&mut self.turn, TEXT, text);
+            put_payload(&mut self.hasher, &mut self.turn, TEXT, text);
         }
         self.text.clear();
     }
@@ -215,19 +231,19 @@ impl HistoryHasher {
             Calls::None => {}
             Calls::Chat(calls) => {
                 for call in calls {
-                    let function = call.get("function");
-                    self.call(
-                        call.get("id").and_then(Value::as_str),
-                        function.and_then(|f| f.get("name")).and_then(Value::as_str),
-                        function.and_then(|f| f.get("arguments")),
-                    );
+                    let Value::Object(call) = call else {
+                        self.call(None, None, None);
+                        continue;
+                    };
+                    let call = Fields::of(call);
+                    let function = match call.function {
+                        Some(Value::Object(function)) => Fields::of(function),
+                        _ => Fields::default(),
+                    };
+                    self.call(call.id, function.name, function.arguments);
                 }
             }
-            Calls::Responses(item) => self.call(
-                item.get("call_id").and_then(Value::as_str),
-                item.get("name").and_then(Value::as_str),
-                item.get("arguments"),
-            ),
+            Calls::Responses(item) => self.call(item.call_id, item.name, item.arguments),
         }
     }
 
@@ -237,28 +253,19 @@ impl HistoryHasher {
         put_call_id(&mut self.turn, id);
         put_bytes(&mut self.turn, name.unwrap_or("").trim().as_bytes());
         self.json.clear();
-        let parsed;
-        let arguments = match arguments {
-            Some(Value::String(raw)) if raw.trim().is_empty() => None,
-            Some(Value::String(raw)) => match serde_json::from_str::<Value>(raw) {
-                Ok(value) => {
-                    parsed = value;
-                    Some(&parsed)
-                }
-                Err(_) => {
+        match arguments {
+            // No arguments and empty arguments mean a call without parameters.
+            None | Some(Value::Null) => self.json.extend_from_slice(b"{}"),
+            Some(Value::String(raw)) if raw.trim().is_empty() => self.json.extend_from_slice(b"{}"),
+            Some(Value::String(raw)) => {
+                if write_canonical_value_str(raw, &mut self.json).is_err() {
                     put_tagged(&mut self.turn, ARGS_RAW, raw.trim().as_bytes());
                     return;
                 }
-            },
-            Some(Value::Null) | None => None,
-            Some(value) => Some(value),
-        };
-        match arguments {
-            Some(value) => write_canonical_json(value, &mut self.json),
-            // No arguments and empty arguments mean a call without parameters.
-            None => self.json.extend_from_slice(b"{}"),
+            }
+            Some(value) => write_canonical_value(value, &mut self.json),
         }
-        put_tagged(&mut self.turn, ARGS_JSON, &self.json);
+        put_payload(&mut self.hasher, &mut self.turn, ARGS_JSON, &self.json);
     }
 }
 
@@ -309,12 +316,12 @@ enum Calls<'a> {
     /// A chat message's `tool_calls`.
     Chat(&'a [Value]),
     /// A Responses `function_call` item.
-    Responses(&'a Map<String, Value>),
+    Responses(Fields<'a>),
 }
 
 fn classify(item: &Value) -> Item<'_> {
     let fields = match item {
-        Value::Object(fields) => fields,
+        Value::Object(fields) => Fields::of(fields),
         // Responses accepts a bare string as the user's input.
         Value::String(_) => {
             return Item::Message {
@@ -325,20 +332,20 @@ fn classify(item: &Value) -> Item<'_> {
         }
         other => return Item::Opaque(other),
     };
-    match fields.get("type").and_then(Value::as_str) {
-        None | Some("message") => match fields.get("role").and_then(Value::as_str) {
+    match fields.kind {
+        None | Some("message") => match fields.role {
             Some("assistant") => Item::Assistant {
-                content: fields.get("content"),
-                calls: chat_calls(fields),
+                content: fields.content,
+                calls: chat_calls(&fields),
             },
             Some("tool") => Item::ToolResult {
-                call_id: fields.get("tool_call_id").and_then(Value::as_str),
-                content: fields.get("content"),
+                call_id: fields.tool_call_id,
+                content: fields.content,
             },
             Some(role) => Item::Message {
                 role,
-                content: fields.get("content"),
-                name: fields.get("name").and_then(Value::as_str),
+                content: fields.content,
+                name: fields.name,
             },
             None => Item::Opaque(item),
         },
@@ -351,25 +358,60 @@ fn classify(item: &Value) -> Item<'_> {
             calls: Calls::None,
         },
         Some("function_call_output") => Item::ToolResult {
-            call_id: fields.get("call_id").and_then(Value::as_str),
-            content: fields.get("output"),
+            call_id: fields.call_id,
+            content: fields.output,
         },
         Some(_) => Item::Opaque(item),
     }
 }
 
-fn chat_calls(message: &Map<String, Value>) -> Calls<'_> {
-    match message.get("tool_calls").and_then(Value::as_array) {
-        Some(calls) => Calls::Chat(calls),
-        None => Calls::None,
+fn chat_calls<'a>(message: &Fields<'a>) -> Calls<'a> {
+    match message.tool_calls {
+        Some(Value::Array(calls)) => Calls::Chat(calls),
+        _ => Calls::None,
     }
 }
 
-fn is_text_part(part: &Map<String, Value>) -> bool {
-    matches!(
-        part.get("type").and_then(Value::as_str),
-        Some("text" | "input_text" | "output_text")
-    )
+/// The fields of a message, item, part or tool call that the canonical form reads, found in one
+/// pass: objects have a handful of fields, and a keyed lookup would hash the key every time.
+#[derive(Clone, Copy, Default)]
+struct Fields<'a> {
+    kind: Option<&'a str>,
+    role: Option<&'a str>,
+    content: Option<&'a Value>,
+    text: Option<&'a str>,
+    name: Option<&'a str>,
+    tool_calls: Option<&'a Value>,
+    tool_call_id: Option<&'a str>,
+    id: Option<&'a str>,
+    call_id: Option<&'a str>,
+    function: Option<&'a Value>,
+    arguments: Option<&'a Value>,
+    output: Option<&'a Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(object: &'a Map<String, Value>) -> Self {
+        let mut fields = Fields::default();
+        for (key, value) in object {
+            match key.as_str() {
+                "type" => fields.kind = value.as_str(),
+                "role" => fields.role = value.as_str(),
+                "content" => fields.content = Some(value),
+                "text" => fields.text = value.as_str(),
+                "name" => fields.name = value.as_str(),
+                "tool_calls" => fields.tool_calls = Some(value),
+                "tool_call_id" => fields.tool_call_id = value.as_str(),
+                "id" => fields.id = value.as_str(),
+                "call_id" => fields.call_id = value.as_str(),
+                "function" => fields.function = Some(value),
+                "arguments" => fields.arguments = Some(value),
+                "output" => fields.output = Some(value),
+                _ => {}
+            }
+        }
+        fields
+    }
 }
 
 fn put_len(out: &mut Vec<u8>, len: usize) {
@@ -386,69 +428,200 @@ fn put_tagged(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
     put_bytes(out, bytes);
 }
 
-fn put_bytes_to_hasher(hasher: &mut Xxh3Default, bytes: &[u8]) {
-    hasher.update(&(bytes.len() as u64).to_le_bytes());
+/// Writes a large field (text, a canonical value) straight to the hasher, after what is staged.
+fn put_payload(hasher: &mut Xxh3Default, staged: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+    staged.push(tag);
+    put_len(staged, bytes.len());
+    hasher.update(staged);
+    staged.clear();
     hasher.update(bytes);
 }
 
 /// A tool-call id keeps only its ASCII alphanumerics: clients and engines re-issue ids with
 /// separators stripped or changed (`call_abc-123` → `callabc123`).
 fn put_call_id(out: &mut Vec<u8>, id: Option<&str>) {
-    let id = id.unwrap_or("").as_bytes();
     out.push(CALL_ID);
-    put_len(out, id.iter().filter(|b| b.is_ascii_alphanumeric()).count());
-    out.extend(id.iter().filter(|b| b.is_ascii_alphanumeric()));
+    let len_at = out.len();
+    put_len(out, 0);
+    let start = out.len();
+    // Ids are short but every call has several: 16-byte blocks without a separator (most of
+    // them) are checked without a branch per byte and copied whole.
+    let mut blocks = id.unwrap_or("").as_bytes().chunks_exact(16);
+    for block in &mut blocks {
+        if block
+            .iter()
+            .fold(true, |all, b| all & b.is_ascii_alphanumeric())
+        {
+            out.extend_from_slice(block);
+        } else {
+            put_alphanumerics(out, block);
+        }
+    }
+    put_alphanumerics(out, blocks.remainder());
+    let len = (out.len() - start) as u64;
+    out[len_at..start].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Appends the ASCII alphanumerics of a block of at most 16 bytes, compacted on the stack: pushing
+/// byte by byte would store the Vec's length after every byte.
+fn put_alphanumerics(out: &mut Vec<u8>, block: &[u8]) {
+    let mut kept = [0u8; 16];
+    let mut n = 0;
+    for &byte in block.iter().take(16) {
+        kept[n % 16] = byte;
+        n += usize::from(byte.is_ascii_alphanumeric());
+    }
+    out.extend_from_slice(&kept[..n]);
 }
 
 /// Largest magnitude below which every integer is exact in an f64 (2^53).
 const EXACT_F64_INT: f64 = 9_007_199_254_740_992.0;
 
-/// Writes `value` as canonical JSON: object keys sorted, no whitespace, strings escaped the one
-/// way serde_json escapes them, and a float with an integral value as the integer (JavaScript
-/// clients re-encode `1.0` as `1`).
-pub fn write_canonical_json(value: &Value, out: &mut Vec<u8>) {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(number) => {
-            // Writing into a Vec cannot fail.
-            let _ = match number.as_f64() {
-                Some(f) if number.is_f64() && f.fract() == 0.0 && f.abs() < EXACT_F64_INT => {
-                    write!(out, "{}", f as i64)
-                }
-                _ => write!(out, "{number}"),
-            };
-        }
-        Value::String(s) => {
-            // Writing into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut *out, s);
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical_json(item, out);
+/// Writes the canonical encoding of a JSON value: JSON-like, object keys sorted, no whitespace, a
+/// float with an integral value as the integer (JavaScript clients re-encode `1.0` as `1`), and
+/// strings as length-prefixed UTF-8 instead of escaped text — it is only ever hashed, and escaping
+/// was the dearest part of it.
+pub fn write_canonical_value(value: &Value, out: &mut Vec<u8>) {
+    // A Value is always valid JSON, and writing into a Vec cannot fail.
+    let _ = CanonicalJson(out).deserialize(value);
+}
+
+/// [`write_canonical_value`] straight from JSON text, without building a `Value` (its maps hash
+/// every key): tool-call arguments are parsed on every stitching lookup. Fails when `raw` is not JSON; what
+/// it wrote to `out` by then is garbage.
+pub fn write_canonical_value_str(raw: &str, out: &mut Vec<u8>) -> serde_json::Result<()> {
+    let mut json = serde_json::Deserializer::from_str(raw);
+    CanonicalJson(out).deserialize(&mut json)?;
+    json.end()
+}
+
+/// Writes what it deserializes in the canonical encoding.
+struct CanonicalJson<'o>(&'o mut Vec<u8>);
+
+impl<'de> DeserializeSeed<'de> for CanonicalJson<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, json: D) -> Result<(), D::Error> {
+        json.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CanonicalJson<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.0.extend_from_slice(b"null");
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+        self.0.extend_from_slice(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        // Writing into a Vec cannot fail.
+        let _ = write!(self.0, "{v}");
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        let _ = write!(self.0, "{v}");
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+        let _ = match serde_json::Number::from_f64(v) {
+            Some(_) if v.fract() == 0.0 && v.abs() < EXACT_F64_INT => {
+                write!(self.0, "{}", v as i64)
             }
-            out.push(b']');
-        }
-        Value::Object(fields) => {
-            let mut entries: Vec<_> = fields.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                // Writing into a Vec cannot fail.
-                let _ = serde_json::to_writer(&mut *out, key);
-                out.push(b':');
-                write_canonical_json(item, out);
+            Some(number) => write!(self.0, "{number}"),
+            // JSON text has no NaN or infinity.
+            None => write!(self.0, "null"),
+        };
+        Ok(())
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        put_tagged(self.0, b'"', v.as_bytes());
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        self.0.push(b'[');
+        let mut first = true;
+        loop {
+            let mark = self.0.len();
+            if !first {
+                self.0.push(b',');
             }
-            out.push(b'}');
+            if items
+                .next_element_seed(CanonicalJson(&mut *self.0))?
+                .is_none()
+            {
+                self.0.truncate(mark);
+                break;
+            }
+            first = false;
         }
+        self.0.push(b']');
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<(), A::Error> {
+        // Values are written as they come, then the object is rebuilt in key order.
+        let start = self.0.len();
+        let mut entries: Vec<(Cow<'de, str>, Range<usize>)> = Vec::new();
+        while let Some(key) = fields.next_key_seed(Key)? {
+            let from = self.0.len() - start;
+            fields.next_value_seed(CanonicalJson(&mut *self.0))?;
+            entries.push((key, from..self.0.len() - start));
+        }
+        // Stable: duplicate keys keep their order.
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let values = self.0.split_off(start);
+        self.0.push(b'{');
+        for (i, (key, value)) in entries.into_iter().enumerate() {
+            if i > 0 {
+                self.0.push(b',');
+            }
+            put_tagged(self.0, b'"', key.as_bytes());
+            self.0.push(b':');
+            self.0.extend_from_slice(&values[value]);
+        }
+        self.0.push(b'}');
+        Ok(())
+    }
+}
+
+/// An object key, borrowed from the JSON text when it has no escapes.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, json: D) -> Result<Cow<'de, str>, D::Error> {
+        json.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(v.to_owned()))
     }
 }
 
@@ -458,10 +631,14 @@ mod tests {
 
     use super::*;
 
-    fn canonical(value: &Value) -> String {
-        let mut out = Vec::new();
-        write_canonical_json(value, &mut out);
-        String::from_utf8(out).unwrap()
+    /// The canonical encoding of `value`, checked to be the same from the value and from its text.
+    fn canonical(value: &Value) -> Vec<u8> {
+        let mut from_value = Vec::new();
+        write_canonical_value(value, &mut from_value);
+        let mut from_text = Vec::new();
+        write_canonical_value_str(&value.to_string(), &mut from_text).unwrap();
+        assert_eq!(from_value, from_text);
+        from_value
     }
 
     fn hashes(history: &[Value]) -> Vec<Boundary> {
@@ -471,14 +648,26 @@ mod tests {
     }
 
     #[test]
-    fn canonical_json_sorts_keys_decodes_escapes_and_drops_whitespace() {
+    fn canonical_values_ignore_key_order_whitespace_escapes_and_integral_floats() {
         let a: Value =
             serde_json::from_str(r#"{ "b": [1, 2.0, {"y": 1, "x": "\u00e9"}], "a": null }"#)
                 .unwrap();
-        assert_eq!(canonical(&a), r#"{"a":null,"b":[1,2,{"x":"é","y":1}]}"#);
         let b: Value = serde_json::from_str(r#"{"a":null,"b":[1,2,{"x":"é","y":1}]}"#).unwrap();
         assert_eq!(canonical(&a), canonical(&b));
-        assert_eq!(canonical(&json!(1.5)), "1.5");
+        assert_eq!(
+            canonical(&json!({"a": {}, "b": []})),
+            b"{\"\x01\0\0\0\0\0\0\0a:{},\"\x01\0\0\0\0\0\0\0b:[]}"
+        );
+        for (x, y) in [
+            (json!(1.5), json!(1)),
+            (json!("1"), json!(1)),
+            (json!({"a": "b"}), json!({"b": "a"})),
+            (json!(["a,b"]), json!(["a", "b"])),
+            (json!(18446744073709551615u64), json!(1e300)),
+        ] {
+            assert_ne!(canonical(&x), canonical(&y), "{x} vs {y}");
+        }
+        assert!(write_canonical_value_str("{\"a\": 1} trailing", &mut Vec::new()).is_err());
     }
 
     #[test]
