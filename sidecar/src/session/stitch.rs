@@ -24,7 +24,7 @@
 //! - The tenant is hashed into every key, and `forget` checks it: tenants never join each other.
 //!
 //! Use from the session layer and the recorder (hash outside the lock, the map work inside it):
-//! ```ignore
+//! ```text
 //! let keys = RequestKeys::of(&tenant, &messages);          // session layer, before forwarding
 //! match stitcher.lock().lookup_keys(&keys) {
 //!     Lookup::Continues(c) => { /* trajectory c.trajectory; c.next_state(&messages) is the
@@ -740,6 +740,66 @@ mod tests {
             stitcher.remember(&tenant("a"), &t, &sent, &recorded(&history[start..end]));
             sent.extend_from_slice(&history[start..end]);
         }
+    }
+
+    #[test]
+    fn a_rebuilt_context_message_is_left_out_of_the_next_state_only_when_there_is_one() {
+        let mut stitcher = stitcher();
+        let t = TrajectoryId::new();
+        let (system, question) = (
+            json!({"role": "system", "content": "You are terse."}),
+            json!({"role": "user", "content": "Name a prime."}),
+        );
+        let answer = json!({"role": "assistant", "content": "7"});
+        let follow_up = json!({"role": "user", "content": "A bigger one?"});
+        stitcher.remember(
+            &tenant("a"),
+            &t,
+            &[system.clone(), question.clone(), reminder(0)],
+            &answer,
+        );
+        let with_context = [
+            system.clone(),
+            question.clone(),
+            answer.clone(),
+            follow_up.clone(),
+            reminder(1),
+        ];
+        let without = [system, question, answer, follow_up.clone()];
+        for request in [&with_context[..], &without[..]] {
+            let Lookup::Continues(c) = stitcher.lookup(&tenant("a"), request) else {
+                panic!("not joined: {request:?}")
+            };
+            assert_eq!(
+                (c.trajectory, c.previous_len, c.context_rebuilt),
+                (t, 3, true)
+            );
+            assert_eq!(c.next_state(request), std::slice::from_ref(&follow_up));
+        }
+    }
+
+    #[test]
+    fn the_longest_matching_history_decides_between_two_trajectories() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let (short, long) = (TrajectoryId::new(), TrajectoryId::new());
+        // `long` went on from where `short` stopped (say it was opened with an explicit id).
+        stitcher.remember(
+            &tenant("a"),
+            &short,
+            &history[..2],
+            &recorded(&history[2..3]),
+        );
+        stitcher.remember(
+            &tenant("a"),
+            &long,
+            &history[..4],
+            &recorded(&history[4..5]),
+        );
+        let Lookup::Continues(c) = stitcher.lookup(&tenant("a"), &history[..6]) else {
+            panic!("not joined")
+        };
+        assert_eq!((c.trajectory, c.previous_len), (long, 5));
     }
 
     #[test]
