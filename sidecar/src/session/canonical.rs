@@ -59,8 +59,9 @@ pub struct Boundary {
     pub hash: u128,
 }
 
-/// Hashes a history pushed item by item, recording a [`Boundary`] after every complete turn: one
-/// pass over the history yields the hash of every prefix a stitching key could cover.
+/// Hashes a history pushed item by item, recording a [`Boundary`] after every assistant turn: one
+/// pass over the history yields the hash of every prefix a stitching key could cover (a key always
+/// ends with the reply).
 ///
 /// xxh3-128 because stitching hashes every request on the request path (xxh3 runs at memory
 /// speed: a few microseconds of a 40 kB lookup) and the hashes are never exposed: a tenant can at worst engineer a collision
@@ -106,7 +107,8 @@ impl HistoryHasher {
     }
 
     /// Adds the assistant's reply to a call: a chat assistant message (with or without `role`, as
-    /// the recorder stores it) or an array of Responses `output` items.
+    /// the recorder stores it) or an array of Responses `output` items. Always ends with an open
+    /// assistant turn.
     pub fn push_reply(&mut self, reply: &Value) {
         match reply {
             Value::Array(items) => items.iter().for_each(|item| self.push(item)),
@@ -119,9 +121,18 @@ impl HistoryHasher {
             }
             other => self.push(other),
         }
+        if !self.assistant_open {
+            // A reply with no assistant item still ends with an (empty) assistant turn: the key
+            // must cover the reply, never stop at an earlier turn of the request.
+            self.push_classified(Item::Assistant {
+                content: None,
+                calls: Calls::None,
+            });
+        }
     }
 
-    /// Closes the last turn and returns the boundary after every turn, shortest prefix first.
+    /// Closes the last turn and returns the boundary after every assistant turn, shortest prefix
+    /// first.
     pub fn finish(mut self) -> Vec<Boundary> {
         if self.assistant_open {
             self.close_turn(self.pushed);
@@ -176,11 +187,13 @@ impl HistoryHasher {
         self.turn.push(TURN_END);
         self.hasher.update(&self.turn);
         self.turn.clear();
-        self.assistant_open = false;
-        self.boundaries.push(Boundary {
-            end,
-            hash: self.hasher.digest128(),
-        });
+        // Every stitching key ends with a reply, so only assistant turns can end a match.
+        if std::mem::take(&mut self.assistant_open) {
+            self.boundaries.push(Boundary {
+                end,
+                hash: self.hasher.digest128(),
+            });
+        }
     }
 
     fn content(&mut self, content: Option<&Value>) {
@@ -647,6 +660,12 @@ mod tests {
         hasher.finish()
     }
 
+    /// The hash of `message` followed by a reply (only a reply ends a prefix that is hashed).
+    fn hash_before_reply(message: Value) -> u128 {
+        let boundaries = hashes(&[message, json!({"role": "assistant", "content": "ok"})]);
+        boundaries[0].hash
+    }
+
     #[test]
     fn canonical_values_ignore_key_order_whitespace_escapes_and_integral_floats() {
         let a: Value =
@@ -678,6 +697,7 @@ mod tests {
                 {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
             ]}),
             json!({"role": "tool", "tool_call_id": "call_1", "content": "a.txt"}),
+            json!({"role": "assistant", "content": "One file: a.txt."}),
         ];
         let responses = [
             json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]}),
@@ -685,6 +705,7 @@ mod tests {
             json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Listing."}]}),
             json!({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "ls", "arguments": ""}),
             json!({"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}),
+            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "One file: a.txt."}]}),
         ];
         let chat = hashes(&chat);
         let responses = hashes(&responses);
@@ -692,22 +713,19 @@ mod tests {
             chat.iter().map(|b| b.hash).collect::<Vec<_>>(),
             responses.iter().map(|b| b.hash).collect::<Vec<_>>()
         );
-        assert_eq!(chat.iter().map(|b| b.end).collect::<Vec<_>>(), [1, 2, 3]);
-        assert_eq!(
-            responses.iter().map(|b| b.end).collect::<Vec<_>>(),
-            [1, 4, 5]
-        );
+        assert_eq!(chat.iter().map(|b| b.end).collect::<Vec<_>>(), [2, 4]);
+        assert_eq!(responses.iter().map(|b| b.end).collect::<Vec<_>>(), [4, 6]);
     }
 
     #[test]
     fn text_split_across_parts_or_moved_between_fields_does_not_collide() {
-        let one = hashes(&[json!({"role": "user", "content": "ab"})]);
-        let parts = hashes(&[json!({"role": "user", "content": [
+        let one = hash_before_reply(json!({"role": "user", "content": "ab"}));
+        let parts = hash_before_reply(json!({"role": "user", "content": [
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}
-        ]})]);
+        ]}));
         assert_eq!(one, parts);
-        let named = hashes(&[json!({"role": "user", "content": "b", "name": "a"})]);
-        assert_ne!(one[0].hash, named[0].hash);
+        let named = hash_before_reply(json!({"role": "user", "content": "b", "name": "a"}));
+        assert_ne!(one, named);
     }
 
     #[test]

@@ -169,8 +169,8 @@ impl CallKeys {
 }
 
 fn last_hash(hasher: HistoryHasher) -> u128 {
-    // A reply always closes a turn, so there is always a last boundary; 0 is never looked up
-    // because every boundary of a request hashes at least the tenant.
+    // A reply always ends with an assistant turn, so there is always a last boundary, and it
+    // covers the reply; 0 stands in for the impossible and no history hashes to it in practice.
     hasher.finish().last().map_or(0, |b| b.hash)
 }
 
@@ -776,6 +776,24 @@ mod tests {
             );
             assert_eq!(c.next_state(request), std::slice::from_ref(&follow_up));
         }
+    }
+
+    #[test]
+    fn an_empty_reply_is_remembered_as_an_empty_assistant_turn_not_as_the_request() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let t = TrajectoryId::new();
+        stitcher.remember(&tenant("a"), &t, &history[..4], &json!([]));
+        // Without the empty turn, the key would be history[..3], matched by any continuation.
+        assert_eq!(stitcher.lookup(&tenant("a"), &history[..6]), Lookup::New);
+        let mut next = history[..4].to_vec();
+        next.extend([
+            json!({"role": "assistant", "content": ""}),
+            json!({"role": "user", "content": "?"}),
+        ]);
+        assert!(
+            matches!(stitcher.lookup(&tenant("a"), &next), Lookup::Continues(c) if c.trajectory == t)
+        );
     }
 
     #[test]
