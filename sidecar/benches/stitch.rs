@@ -1,6 +1,7 @@
 //! Session stitching on the request path: hashing a 40 kB OpenClaw-like tool session (12 tools)
-//! for a lookup, the lookup itself among 10k live trajectories, and the keys a recorded call leaves.
-//! Stitching runs on every call without a session id, so it must stay well under 50 µs.
+//! for a lookup, the lookup itself among 10k live trajectories, the keys a recorded call leaves,
+//! and, for scale, parsing the same messages from JSON. Stitching runs on every call without a
+//! session id, so it must stay well under 50 µs.
 
 use std::hint::black_box;
 
@@ -100,6 +101,11 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("keys of a recorded call", |b| {
         b.iter(|| CallKeys::of(black_box(&tenant), black_box(&request), black_box(&reply)))
+    });
+    // For scale: what the sidecar pays anyway to parse the same messages out of the request body.
+    let body = serde_json::to_string(&continuation).unwrap_or_default();
+    group.bench_function("reference: parse the messages from JSON", |b| {
+        b.iter(|| serde_json::from_str::<Vec<Value>>(black_box(&body)).map(|m| m.len()))
     });
     group.finish();
 }
