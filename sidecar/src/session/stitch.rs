@@ -51,7 +51,7 @@ use super::canonical::{ends_with_context, Boundary, HistoryHasher};
 #[serde(deny_unknown_fields)]
 pub struct StitchConfig {
     /// Live trajectories tracked at most; past it the least recently extended one is dropped.
-    /// Each costs about 200 bytes (two keys, the record, the LRU slot).
+    /// Each costs a few hundred bytes (two keys, the record with its tenant, the LRU slot).
     pub max_entries: usize,
     /// A trajectory not extended for this long can no longer be joined: match it to the
     /// trajectory idle timeout.
@@ -200,23 +200,10 @@ enum Holder {
 }
 
 struct Live {
-    tenant: TenantId,
-    keys: CallKeysHeld,
+    /// The keys of its latest call, and its tenant.
+    keys: CallKeys,
     touched: Instant,
     tick: u64,
-}
-
-/// A trajectory's current keys, without the tenant its record already carries.
-#[derive(Clone, Copy)]
-struct CallKeysHeld {
-    full: u128,
-    without_context: Option<u128>,
-}
-
-impl CallKeysHeld {
-    fn iter(self) -> impl Iterator<Item = u128> {
-        std::iter::once(self.full).chain(self.without_context)
-    }
 }
 
 impl Stitcher {
@@ -283,7 +270,7 @@ impl Stitcher {
         let now = (self.clock)();
         self.expire(now);
         if let Some(live) = self.live.get(&trajectory) {
-            if live.tenant != keys.tenant {
+            if live.keys.tenant != keys.tenant {
                 // Trajectory ids are unique, so this is a caller bug; never let it link tenants.
                 tracing::error!(%trajectory, "stitching: trajectory remembered under another tenant");
                 return;
@@ -313,11 +300,7 @@ impl Stitcher {
         self.live.insert(
             trajectory,
             Live {
-                tenant: keys.tenant,
-                keys: CallKeysHeld {
-                    full: keys.full,
-                    without_context: keys.without_context,
-                },
+                keys,
                 touched: now,
                 tick: self.tick,
             },
@@ -329,7 +312,7 @@ impl Stitcher {
         if self
             .live
             .get(trajectory)
-            .is_some_and(|live| &live.tenant == tenant)
+            .is_some_and(|live| &live.keys.tenant == tenant)
         {
             self.drop_trajectory(trajectory);
         }
@@ -375,12 +358,17 @@ impl Stitcher {
             return;
         };
         self.by_age.remove(&live.tick);
-        for key in live.keys.iter() {
+        for (key, _) in live.keys.keys() {
             let Some(entry) = self.keys.get_mut(&key) else {
                 continue;
             };
             match &mut entry.holder {
-                Holder::One(_) | Holder::Shared(0 | 1) => {
+                Holder::One(holder) if holder == trajectory => {
+                    self.keys.remove(&key);
+                }
+                // Another holder's: unreachable while the counts are right; leave it be.
+                Holder::One(_) => {}
+                Holder::Shared(0 | 1) => {
                     self.keys.remove(&key);
                 }
                 Holder::Shared(n) => *n -= 1,
