@@ -7,8 +7,8 @@
 //!
 //! - **Assistant turn**: a maximal run of assistant-side items (a chat `assistant` message; a
 //!   Responses `message` with role `assistant`, `function_call`, `reasoning`), reduced to its text
-//!   and tool calls. Reasoning never counts: clients drop or keep it at will, and the recorder's
-//!   reply must hash the same either way. `refusal`, `audio`, `name` and other extras do not count.
+//!   and tool calls. Reasoning never counts (`reasoning_content`, `reasoning` items, `thinking`
+//!   parts): clients drop or keep it at will, and the recorder's reply must hash the same either way. `refusal`, `audio`, `name` and other extras do not count.
 //! - **Tool result**: a chat `tool` message or a `function_call_output`: the tool-call id and the text.
 //! - **Other message** (`system`, `developer`, `user`, ...): role, text and a non-empty `name`.
 //! - **Anything else** (an item type we do not know): its canonical value, whole.
@@ -207,21 +207,24 @@ impl HistoryHasher {
 
     fn part(&mut self, part: &Value) {
         let text = match part {
-            Value::String(text) => Some(text.as_str()),
+            Value::String(text) => text.as_str(),
             Value::Object(fields) => match Fields::of(fields) {
                 Fields {
                     kind: Some("text" | "input_text" | "output_text"),
                     text,
                     ..
-                } => Some(text.unwrap_or("")),
-                _ => None,
+                } => text.unwrap_or(""),
+                // Reasoning a client keeps as a content part does not count, like
+                // `reasoning_content`.
+                Fields {
+                    kind: Some("thinking" | "redacted_thinking" | "reasoning"),
+                    ..
+                } => return,
+                _ => return self.opaque_part(part),
             },
-            _ => None,
+            _ => return self.opaque_part(part),
         };
-        match text {
-            Some(text) => self.text.extend_from_slice(text.as_bytes()),
-            None => self.opaque_part(part),
-        }
+        self.text.extend_from_slice(text.as_bytes());
     }
 
     fn opaque_part(&mut self, part: &Value) {
@@ -726,6 +729,16 @@ mod tests {
         assert_eq!(one, parts);
         let named = hash_before_reply(json!({"role": "user", "content": "b", "name": "a"}));
         assert_ne!(one, named);
+    }
+
+    #[test]
+    fn reasoning_kept_as_a_content_part_does_not_count() {
+        let plain = hashes(&[json!({"role": "assistant", "content": "42"})]);
+        let thinking = hashes(&[json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "6 times 7", "signature": "abc"},
+            {"type": "text", "text": "42"}
+        ]})]);
+        assert_eq!(plain, thinking);
     }
 
     #[test]
