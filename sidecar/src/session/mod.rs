@@ -1,4 +1,8 @@
-//! Which trajectory a call belongs to: the ids a call names itself ([`explicit`]), and, when it
-//! names none, stitching by message history.
+//! Which trajectory a call belongs to: the ids a call names itself ([`explicit`]), and, for calls
+//! that name none, [`stitch`]ing by the canonical form of their history ([`canonical`]).
 
+pub mod canonical;
 pub mod explicit;
+pub mod stitch;
+
+pub use stitch::{CallKeys, Clock, Continuation, Lookup, RequestKeys, StitchConfig, Stitcher};

@@ -1,0 +1,1117 @@
+//! Session stitching: which trajectory a call without an explicit session id continues. A call
+//! whose messages extend an earlier call's messages plus that call's assistant reply joins the
+//! earlier call's trajectory; any other call starts a new one.
+//!
+//! The [`Stitcher`] keeps no messages. After each recorded call it remembers, per trajectory, the
+//! hash of the canonical history "request + reply" ([`super::canonical`]) — and, when the request
+//! ended with a context message the client rebuilds on every call, also the hash without that
+//! message. A new call hashes every canonical prefix of its history in one pass and looks the
+//! hashes up, longest prefix first. So a live trajectory costs two 128-bit keys and a small record,
+//! whatever its length, and the store is a bounded LRU whose entries also expire after a TTL.
+//!
+//! Wrong joins are worse than missed ones, so the rules lean towards "new":
+//! - Only the longest matching prefix decides. A shorter match belongs to a history that the
+//!   longer one already extends; joining it would skip the more specific evidence.
+//! - When a trajectory is extended, its previous keys are dropped: a call that branches from an
+//!   older point of the trajectory (an edited or replayed history) starts a new one.
+//! - **Ambiguity policy**: when two live trajectories remembered the same key — identical
+//!   histories and identical replies, as in N rollouts of one task that happen to answer alike —
+//!   the key stays marked as shared until every trajectory holding it has moved on or expired,
+//!   and a call matching it gets [`Lookup::Ambiguous`] (the caller starts a new trajectory). The
+//!   stitcher never guesses by recency: rollouts run concurrently, so "most recent" is a coin toss.
+//!   Tool-call ids take part in the key, so rollouts whose replies carry engine-issued ids stay
+//!   distinguishable even when their text is the same.
+//! - The tenant is hashed into every key, and `forget` checks it: tenants never join each other.
+//!
+//! Use from the session layer and the recorder (hash outside the lock, the map work inside it):
+//! ```text
+//! let keys = RequestKeys::of(&tenant, &messages);          // session layer, before forwarding
+//! match stitcher.lock().lookup_keys(&keys) {
+//!     Lookup::Continues(c) => { /* trajectory c.trajectory; c.next_state(&messages) is the
+//!                                 previous step's next state */ }
+//!     Lookup::New | Lookup::Ambiguous => { /* new trajectory */ }
+//! }
+//! let keys = CallKeys::of(&tenant, &messages, &reply);     // recorder, once the reply is whole
+//! stitcher.lock().remember_keys(trajectory, keys);
+//! stitcher.lock().forget(&tenant, &trajectory);            // on completion
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{TenantId, TrajectoryId};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::canonical::{ends_with_context, Boundary, HistoryHasher};
+
+/// How many trajectories the stitcher tracks and for how long.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StitchConfig {
+    /// Live trajectories tracked at most; past it the least recently extended one is dropped.
+    /// Each costs a few hundred bytes (two keys, the record with its tenant, the LRU slot).
+    pub max_entries: usize,
+    /// A trajectory not extended for this long can no longer be joined: match it to the
+    /// trajectory idle timeout.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+impl Default for StitchConfig {
+    fn default() -> Self {
+        StitchConfig {
+            max_entries: 100_000,
+            ttl: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// The stitcher's clock; injectable so tests can age entries without sleeping.
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// What a lookup found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The call continues a live trajectory.
+    Continues(Continuation),
+    /// No live trajectory's history + reply is a prefix of the call.
+    New,
+    /// The longest matching prefix is shared by several live trajectories: start a new one.
+    Ambiguous,
+}
+
+/// A call that continues a trajectory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Continuation {
+    pub trajectory: TrajectoryId,
+    /// Items of the call covered by the previous call's history and its reply; the rest is new.
+    pub previous_len: usize,
+    /// The match left out the previous call's trailing context message: the client rebuilds one
+    /// on every call (see [`Continuation::next_state`]).
+    pub context_rebuilt: bool,
+}
+
+impl Continuation {
+    /// The previous step's next state: what this call added after the previous reply (tool
+    /// results, the user's answer). When the client rebuilds a trailing context message on every
+    /// call ([`Continuation::context_rebuilt`]), this call's own trailing context message is left
+    /// out: it is the context of the next model call, not a consequence of the previous reply.
+    /// The previous call's context message never appears here: the client dropped it.
+    pub fn next_state<'a>(&self, request: &'a [Value]) -> &'a [Value] {
+        let added = request.get(self.previous_len..).unwrap_or(&[]);
+        match added {
+            [state @ .., _] if self.context_rebuilt && ends_with_context(added) => state,
+            _ => added,
+        }
+    }
+}
+
+/// The hash of every canonical prefix of a call's history, computed once per call (outside any
+/// lock) and looked up with [`Stitcher::lookup_keys`].
+#[derive(Clone, Debug)]
+pub struct RequestKeys {
+    boundaries: Vec<Boundary>,
+}
+
+impl RequestKeys {
+    /// `history`: the request's `messages` (chat) or `input` items (Responses).
+    pub fn of(tenant: &TenantId, history: &[Value]) -> Self {
+        let mut hasher = HistoryHasher::new(tenant);
+        history.iter().for_each(|item| hasher.push(item));
+        RequestKeys {
+            boundaries: hasher.finish(),
+        }
+    }
+}
+
+/// The keys under which a recorded call can be continued, computed outside any lock and stored
+/// with [`Stitcher::remember_keys`].
+#[derive(Clone, Debug)]
+pub struct CallKeys {
+    tenant: TenantId,
+    /// History + reply.
+    full: u128,
+    /// History without its trailing context message + reply, when it had one.
+    without_context: Option<u128>,
+}
+
+impl CallKeys {
+    /// `request`: the call's messages or input items; `reply`: the assistant message as recorded
+    /// (`content`, `tool_calls`; `role` and reasoning optional) or the Responses `output` items.
+    pub fn of(tenant: &TenantId, request: &[Value], reply: &Value) -> Self {
+        let mut hasher = HistoryHasher::new(tenant);
+        let (kept, context) = match request {
+            [kept @ .., context] if ends_with_context(request) => (kept, Some(context)),
+            _ => (request, None),
+        };
+        kept.iter().for_each(|item| hasher.push(item));
+        let without_context = context.map(|_| {
+            let mut hasher = hasher.clone();
+            hasher.push_reply(reply);
+            last_hash(hasher)
+        });
+        if let Some(context) = context {
+            hasher.push(context);
+        }
+        hasher.push_reply(reply);
+        CallKeys {
+            tenant: tenant.clone(),
+            full: last_hash(hasher),
+            without_context,
+        }
+    }
+
+    fn keys(&self) -> impl Iterator<Item = (u128, bool)> + '_ {
+        std::iter::once((self.full, false)).chain(self.without_context.map(|key| (key, true)))
+    }
+}
+
+fn last_hash(hasher: HistoryHasher) -> u128 {
+    // A reply always ends with an assistant turn, so there is always a last boundary, and it
+    // covers the reply; 0 stands in for the impossible and no history hashes to it in practice.
+    hasher.finish().last().map_or(0, |b| b.hash)
+}
+
+/// Remembers live trajectories by the hashes of their latest history + reply. See the module docs.
+pub struct Stitcher {
+    config: StitchConfig,
+    clock: Clock,
+    keys: HashMap<u128, KeyEntry>,
+    live: HashMap<TrajectoryId, Live>,
+    /// Live trajectories by the tick of their last `remember`, oldest first: the LRU order, and
+    /// also the expiry order because the clock never goes back.
+    by_age: BTreeMap<u64, TrajectoryId>,
+    tick: u64,
+}
+
+struct KeyEntry {
+    holder: Holder,
+    /// The key leaves out the trailing context message of the call it was made from.
+    context_rebuilt: bool,
+}
+
+enum Holder {
+    One(TrajectoryId),
+    /// Remembered by several trajectories; counts those still holding it. Stays ambiguous even
+    /// when one holder is left: which one is not kept, and guessing is what we refuse to do.
+    Shared(u32),
+}
+
+struct Live {
+    /// The keys of its latest call, and its tenant.
+    keys: CallKeys,
+    touched: Instant,
+    tick: u64,
+}
+
+impl Stitcher {
+    pub fn new(config: StitchConfig) -> Self {
+        Self::with_clock(config, Arc::new(Instant::now))
+    }
+
+    pub fn with_clock(config: StitchConfig, clock: Clock) -> Self {
+        Stitcher {
+            config,
+            clock,
+            keys: HashMap::new(),
+            live: HashMap::new(),
+            by_age: BTreeMap::new(),
+            tick: 0,
+        }
+    }
+
+    /// Which live trajectory, if any, the call with this `history` continues.
+    pub fn lookup(&self, tenant: &TenantId, history: &[Value]) -> Lookup {
+        self.lookup_keys(&RequestKeys::of(tenant, history))
+    }
+
+    /// [`Stitcher::lookup`] with the hashing done by the caller.
+    pub fn lookup_keys(&self, request: &RequestKeys) -> Lookup {
+        let now = (self.clock)();
+        let Some((boundary, entry)) = request
+            .boundaries
+            .iter()
+            .rev()
+            .find_map(|b| self.keys.get(&b.hash).map(|entry| (b, entry)))
+        else {
+            return Lookup::New;
+        };
+        match entry.holder {
+            Holder::Shared(_) => Lookup::Ambiguous,
+            Holder::One(trajectory) => match self.live.get(&trajectory) {
+                Some(live) if !self.expired(live, now) => Lookup::Continues(Continuation {
+                    trajectory,
+                    previous_len: boundary.end,
+                    context_rebuilt: entry.context_rebuilt,
+                }),
+                // An expired trajectory still decides: a shorter match would be a history it
+                // already extended.
+                _ => Lookup::New,
+            },
+        }
+    }
+
+    /// Records that `trajectory` made a call with `request` and got `reply`, replacing what it
+    /// was remembered by before.
+    pub fn remember(
+        &mut self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+        request: &[Value],
+        reply: &Value,
+    ) {
+        self.remember_keys(*trajectory, CallKeys::of(tenant, request, reply));
+    }
+
+    /// [`Stitcher::remember`] with the hashing done by the caller.
+    pub fn remember_keys(&mut self, trajectory: TrajectoryId, keys: CallKeys) {
+        let now = (self.clock)();
+        self.expire(now);
+        if let Some(live) = self.live.get(&trajectory) {
+            if live.keys.tenant != keys.tenant {
+                // Trajectory ids are unique, so this is a caller bug; never let it link tenants.
+                tracing::error!(%trajectory, "stitching: trajectory remembered under another tenant");
+                return;
+            }
+            self.drop_trajectory(&trajectory);
+        } else if self.config.max_entries == 0 {
+            return;
+        }
+        while self.live.len() >= self.config.max_entries && self.drop_oldest() {}
+        for (key, context_rebuilt) in keys.keys() {
+            self.keys
+                .entry(key)
+                .and_modify(|entry| {
+                    entry.holder = match entry.holder {
+                        Holder::One(other) if other == trajectory => Holder::One(other),
+                        Holder::One(_) => Holder::Shared(2),
+                        Holder::Shared(n) => Holder::Shared(n + 1),
+                    }
+                })
+                .or_insert(KeyEntry {
+                    holder: Holder::One(trajectory),
+                    context_rebuilt,
+                });
+        }
+        self.tick += 1;
+        self.by_age.insert(self.tick, trajectory);
+        self.live.insert(
+            trajectory,
+            Live {
+                keys,
+                touched: now,
+                tick: self.tick,
+            },
+        );
+    }
+
+    /// Stops tracking a completed trajectory. Does nothing when it belongs to another tenant.
+    pub fn forget(&mut self, tenant: &TenantId, trajectory: &TrajectoryId) {
+        if self
+            .live
+            .get(trajectory)
+            .is_some_and(|live| &live.keys.tenant == tenant)
+        {
+            self.drop_trajectory(trajectory);
+        }
+    }
+
+    /// Live trajectories tracked (expired ones count until the next `remember` sweeps them).
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    fn expired(&self, live: &Live, now: Instant) -> bool {
+        now.saturating_duration_since(live.touched) >= self.config.ttl
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some((_, oldest)) = self.by_age.first_key_value() {
+            if self
+                .live
+                .get(oldest)
+                .is_some_and(|live| !self.expired(live, now))
+            {
+                break;
+            }
+            self.drop_oldest();
+        }
+    }
+
+    /// Drops the least recently remembered trajectory; false when there is none.
+    fn drop_oldest(&mut self) -> bool {
+        let Some((_, oldest)) = self.by_age.pop_first() else {
+            return false;
+        };
+        self.drop_trajectory(&oldest);
+        true
+    }
+
+    fn drop_trajectory(&mut self, trajectory: &TrajectoryId) {
+        let Some(live) = self.live.remove(trajectory) else {
+            return;
+        };
+        self.by_age.remove(&live.tick);
+        for (key, _) in live.keys.keys() {
+            let Some(entry) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            match &mut entry.holder {
+                Holder::One(holder) if holder == trajectory => {
+                    self.keys.remove(&key);
+                }
+                // Another holder's: unreachable while the counts are right; leave it be.
+                Holder::One(_) => {}
+                Holder::Shared(0 | 1) => {
+                    self.keys.remove(&key);
+                }
+                Holder::Shared(n) => *n -= 1,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use serde_json::{json, Map};
+
+    use super::*;
+
+    /// An OpenClaw session against vLLM (reasoning, parallel tool calls, `chatcmpl-tool-` ids).
+    const OPENCLAW_CHAT: &str = include_str!("testdata/openclaw_chat.json");
+    /// A Responses-API agent's `input` (reasoning, function_call, function_call_output items).
+    const RESPONSES_INPUT: &str = include_str!("testdata/responses_input.json");
+
+    fn fixture(text: &str) -> Vec<Value> {
+        serde_json::from_str(text).unwrap()
+    }
+
+    fn tenant(name: &str) -> TenantId {
+        TenantId::new(name).unwrap()
+    }
+
+    fn stitcher() -> Stitcher {
+        Stitcher::new(StitchConfig::default())
+    }
+
+    /// A stitcher whose clock the test moves.
+    fn stitcher_with_clock(config: StitchConfig) -> (Stitcher, Arc<Mutex<Instant>>) {
+        let now = Arc::new(Mutex::new(Instant::now()));
+        let clock = Arc::clone(&now);
+        let stitcher = Stitcher::with_clock(config, Arc::new(move || *clock.lock().unwrap()));
+        (stitcher, now)
+    }
+
+    fn assistant_side(item: &Value) -> bool {
+        item["role"] == "assistant"
+            || matches!(item["type"].as_str(), Some("function_call" | "reasoning"))
+    }
+
+    /// The model calls of a finished history: `(start, end)` of each reply, so the call sent
+    /// `history[..start]` and got `history[start..end]` back.
+    fn calls(history: &[Value]) -> Vec<(usize, usize)> {
+        let mut calls = Vec::new();
+        let mut i = 0;
+        while i < history.len() {
+            if assistant_side(&history[i]) {
+                let start = i;
+                while i < history.len() && assistant_side(&history[i]) {
+                    i += 1;
+                }
+                calls.push((start, i));
+            } else {
+                i += 1;
+            }
+        }
+        calls
+    }
+
+    /// The reply as the recorder stores it: a chat reply as `AssistantOutput` (no role, reasoning
+    /// kept), a Responses reply as its output items.
+    fn recorded(reply: &[Value]) -> Value {
+        match reply {
+            [message] if message.get("type").is_none() => {
+                let mut out = Map::new();
+                for field in ["content", "reasoning_content", "tool_calls"] {
+                    if let Some(value) = message.get(field) {
+                        out.insert(field.into(), value.clone());
+                    }
+                }
+                Value::Object(out)
+            }
+            items => Value::Array(items.to_vec()),
+        }
+    }
+
+    /// One call of a played session.
+    struct Played {
+        lookup: Lookup,
+        trajectory: TrajectoryId,
+        request: Vec<Value>,
+    }
+
+    /// Plays a session call by call: `client` builds what the client sends for call `k` from the
+    /// history so far (re-serialising it its own way); the stitcher looks the call up, the call
+    /// joins the trajectory found or a new one, and the engine's reply is remembered.
+    fn play(
+        stitcher: &mut Stitcher,
+        tenant: &TenantId,
+        history: &[Value],
+        client: impl Fn(usize, &[Value]) -> Vec<Value>,
+    ) -> Vec<Played> {
+        calls(history)
+            .into_iter()
+            .enumerate()
+            .map(|(k, (start, end))| {
+                let request = client(k, &history[..start]);
+                let lookup = stitcher.lookup(tenant, &request);
+                let trajectory = match &lookup {
+                    Lookup::Continues(c) => c.trajectory,
+                    Lookup::New | Lookup::Ambiguous => TrajectoryId::new(),
+                };
+                stitcher.remember(
+                    tenant,
+                    &trajectory,
+                    &request,
+                    &recorded(&history[start..end]),
+                );
+                Played {
+                    lookup,
+                    trajectory,
+                    request,
+                }
+            })
+            .collect()
+    }
+
+    /// Every call after the first continued the first call's trajectory, each right after the
+    /// previous reply, with the messages in between as the next state.
+    fn assert_one_trajectory(history: &[Value], played: &[Played]) {
+        let calls = calls(history);
+        assert!(calls.len() > 2, "the fixture has several calls");
+        assert_eq!(played[0].lookup, Lookup::New);
+        for (k, call) in played.iter().enumerate().skip(1) {
+            let Lookup::Continues(c) = &call.lookup else {
+                panic!("call {k} did not continue: {:?}", call.lookup);
+            };
+            assert_eq!(c.trajectory, played[0].trajectory, "call {k}");
+            let (previous_end, start) = (calls[k - 1].1, calls[k].0);
+            assert_eq!(c.previous_len, previous_end, "call {k}");
+            assert_eq!(
+                c.next_state(&call.request),
+                &call.request[previous_end..start]
+            );
+        }
+    }
+
+    fn map_items(history: &[Value], f: impl Fn(&mut Map<String, Value>)) -> Vec<Value> {
+        let mut history = history.to_vec();
+        for item in &mut history {
+            if let Value::Object(fields) = item {
+                f(fields);
+            }
+        }
+        history
+    }
+
+    /// JSON as Python's `json.dumps` writes it: `\u` escapes, spaces after separators; and the
+    /// keys in reverse order, as a client that rebuilds objects might.
+    fn python_dumps(value: &Value) -> String {
+        match value {
+            Value::Object(fields) => {
+                let entries: Vec<String> = fields
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| format!("{}: {}", python_dumps(&json!(k)), python_dumps(v)))
+                    .collect();
+                format!("{{{}}}", entries.join(", "))
+            }
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(python_dumps).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Value::String(s) => {
+                let escaped = serde_json::to_string(s).unwrap();
+                escaped
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii() {
+                            c.to_string()
+                        } else {
+                            format!("\\u{:04x}", c as u32)
+                        }
+                    })
+                    .collect()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    fn reencode(arguments: &mut Value) {
+        let parsed: Value = serde_json::from_str(arguments.as_str().unwrap()).unwrap();
+        *arguments = json!(format!(" {} ", python_dumps(&parsed)));
+    }
+
+    fn reencode_arguments(history: &[Value]) -> Vec<Value> {
+        map_items(history, |item| {
+            if let Some(Value::Array(calls)) = item.get_mut("tool_calls") {
+                for call in calls {
+                    reencode(&mut call["function"]["arguments"]);
+                }
+            }
+            if let Some(arguments) = item.get_mut("arguments") {
+                reencode(arguments);
+            }
+        })
+    }
+
+    fn strip_ids(id: &mut Value) {
+        let stripped: String = id
+            .as_str()
+            .unwrap()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect();
+        *id = json!(stripped);
+    }
+
+    fn normalise_ids(history: &[Value]) -> Vec<Value> {
+        map_items(history, |item| {
+            if let Some(Value::Array(calls)) = item.get_mut("tool_calls") {
+                calls.iter_mut().for_each(|call| strip_ids(&mut call["id"]));
+            }
+            for field in ["tool_call_id", "call_id"] {
+                if let Some(id) = item.get_mut(field) {
+                    strip_ids(id);
+                }
+            }
+        })
+    }
+
+    fn content_as_parts(history: &[Value]) -> Vec<Value> {
+        map_items(history, |item| {
+            if let Some(Value::String(text)) = item.get("content") {
+                if !text.is_empty() {
+                    let parts = json!([{"type": "text", "text": text}]);
+                    item.insert("content".into(), parts);
+                }
+            }
+        })
+    }
+
+    /// What SDKs do to assistant messages: `content: null` dropped or sent as `""`, `refusal`,
+    /// `tool_calls: []` and `name: null` added, reasoning dropped.
+    fn sdk_nulls(history: &[Value]) -> Vec<Value> {
+        map_items(history, |item| {
+            if item["role"] == "assistant" {
+                match item.get("content") {
+                    Some(Value::Null) => {
+                        item.remove("content");
+                    }
+                    Some(Value::String(s)) if s.is_empty() => {
+                        item.insert("content".into(), Value::Null);
+                    }
+                    _ => {}
+                }
+                item.insert("refusal".into(), Value::Null);
+                item.entry("tool_calls").or_insert(json!([]));
+                item.remove("reasoning_content");
+            }
+            item.insert("name".into(), Value::Null);
+        })
+    }
+
+    fn reminder(k: usize) -> Value {
+        json!({"role": "user", "content": format!(
+            "<system-reminder>Current time: 2026-11-28 10:0{k} UTC. Open files: src/parser.rs</system-reminder>"
+        )})
+    }
+
+    #[test]
+    fn a_tool_session_sent_verbatim_is_one_trajectory() {
+        let history = fixture(OPENCLAW_CHAT);
+        let played = play(&mut stitcher(), &tenant("a"), &history, |_, h| h.to_vec());
+        assert_one_trajectory(&history, &played);
+    }
+
+    #[test]
+    fn re_encoded_tool_call_arguments_still_join() {
+        let history = fixture(OPENCLAW_CHAT);
+        let played = play(&mut stitcher(), &tenant("a"), &history, |_, h| {
+            reencode_arguments(h)
+        });
+        assert_one_trajectory(&history, &played);
+    }
+
+    #[test]
+    fn normalised_tool_call_ids_still_join() {
+        let history = fixture(OPENCLAW_CHAT);
+        let played = play(&mut stitcher(), &tenant("a"), &history, |_, h| {
+            normalise_ids(h)
+        });
+        assert_one_trajectory(&history, &played);
+    }
+
+    #[test]
+    fn content_sent_back_as_text_parts_still_joins() {
+        let history = fixture(OPENCLAW_CHAT);
+        let played = play(&mut stitcher(), &tenant("a"), &history, |_, h| {
+            content_as_parts(h)
+        });
+        assert_one_trajectory(&history, &played);
+    }
+
+    #[test]
+    fn null_empty_and_absent_fields_and_dropped_reasoning_still_join() {
+        let history = fixture(OPENCLAW_CHAT);
+        let played = play(&mut stitcher(), &tenant("a"), &history, |_, h| sdk_nulls(h));
+        assert_one_trajectory(&history, &played);
+    }
+
+    #[test]
+    fn every_re_serialisation_at_once_still_joins() {
+        let history = fixture(OPENCLAW_CHAT);
+        let client =
+            |_, h: &[Value]| sdk_nulls(&content_as_parts(&normalise_ids(&reencode_arguments(h))));
+        let played = play(&mut stitcher(), &tenant("a"), &history, client);
+        assert_one_trajectory(&history, &played);
+    }
+
+    #[test]
+    fn a_context_message_rebuilt_after_every_turn_joins_and_stays_out_of_the_next_state() {
+        let history = fixture(OPENCLAW_CHAT);
+        let played = play(&mut stitcher(), &tenant("a"), &history, |k, h| {
+            let mut request = h.to_vec();
+            request.push(reminder(k));
+            request
+        });
+        assert_one_trajectory(&history, &played);
+        // The second call: [system, user, R, tool, reminder'] continues after R; the next state is
+        // the tool result alone.
+        let Lookup::Continues(c) = &played[1].lookup else {
+            panic!("{:?}", played[1].lookup)
+        };
+        assert!(c.context_rebuilt);
+        assert_eq!(c.next_state(&played[1].request), &history[3..4]);
+    }
+
+    #[test]
+    fn a_context_message_kept_in_the_history_joins_too() {
+        let history = fixture(OPENCLAW_CHAT);
+        // This client keeps every reminder: history so far with each call's reminder in place.
+        let mut sent: Vec<Value> = Vec::new();
+        let mut stitcher = stitcher();
+        let mut trajectory = None;
+        for (k, (start, end)) in calls(&history).into_iter().enumerate() {
+            let previous_end = if k == 0 { 0 } else { calls(&history)[k - 1].1 };
+            sent.extend_from_slice(&history[previous_end..start]);
+            sent.push(reminder(k));
+            let lookup = stitcher.lookup(&tenant("a"), &sent);
+            let t = match (k, lookup) {
+                (0, Lookup::New) => TrajectoryId::new(),
+                (_, Lookup::Continues(c)) => {
+                    assert_eq!(Some(c.trajectory), trajectory);
+                    assert!(!c.context_rebuilt);
+                    c.trajectory
+                }
+                (k, other) => panic!("call {k}: {other:?}"),
+            };
+            trajectory = Some(t);
+            stitcher.remember(&tenant("a"), &t, &sent, &recorded(&history[start..end]));
+            sent.extend_from_slice(&history[start..end]);
+        }
+    }
+
+    #[test]
+    fn a_rebuilt_context_message_is_left_out_of_the_next_state_only_when_there_is_one() {
+        let mut stitcher = stitcher();
+        let t = TrajectoryId::new();
+        let (system, question) = (
+            json!({"role": "system", "content": "You are terse."}),
+            json!({"role": "user", "content": "Name a prime."}),
+        );
+        let answer = json!({"role": "assistant", "content": "7"});
+        let follow_up = json!({"role": "user", "content": "A bigger one?"});
+        stitcher.remember(
+            &tenant("a"),
+            &t,
+            &[system.clone(), question.clone(), reminder(0)],
+            &answer,
+        );
+        let with_context = [
+            system.clone(),
+            question.clone(),
+            answer.clone(),
+            follow_up.clone(),
+            reminder(1),
+        ];
+        let without = [system, question, answer, follow_up.clone()];
+        for request in [&with_context[..], &without[..]] {
+            let Lookup::Continues(c) = stitcher.lookup(&tenant("a"), request) else {
+                panic!("not joined: {request:?}")
+            };
+            assert_eq!(
+                (c.trajectory, c.previous_len, c.context_rebuilt),
+                (t, 3, true)
+            );
+            assert_eq!(c.next_state(request), std::slice::from_ref(&follow_up));
+        }
+    }
+
+    #[test]
+    fn an_empty_reply_is_remembered_as_an_empty_assistant_turn_not_as_the_request() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let t = TrajectoryId::new();
+        stitcher.remember(&tenant("a"), &t, &history[..4], &json!([]));
+        // Without the empty turn, the key would be history[..3], matched by any continuation.
+        assert_eq!(stitcher.lookup(&tenant("a"), &history[..6]), Lookup::New);
+        let mut next = history[..4].to_vec();
+        next.extend([
+            json!({"role": "assistant", "content": ""}),
+            json!({"role": "user", "content": "?"}),
+        ]);
+        assert!(
+            matches!(stitcher.lookup(&tenant("a"), &next), Lookup::Continues(c) if c.trajectory == t)
+        );
+    }
+
+    #[test]
+    fn the_longest_matching_history_decides_between_two_trajectories() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let (short, long) = (TrajectoryId::new(), TrajectoryId::new());
+        // `long` went on from where `short` stopped (say it was opened with an explicit id).
+        stitcher.remember(
+            &tenant("a"),
+            &short,
+            &history[..2],
+            &recorded(&history[2..3]),
+        );
+        stitcher.remember(
+            &tenant("a"),
+            &long,
+            &history[..4],
+            &recorded(&history[4..5]),
+        );
+        let Lookup::Continues(c) = stitcher.lookup(&tenant("a"), &history[..6]) else {
+            panic!("not joined")
+        };
+        assert_eq!((c.trajectory, c.previous_len), (long, 5));
+    }
+
+    #[test]
+    fn a_responses_api_history_is_one_trajectory_even_re_encoded() {
+        let history = fixture(RESPONSES_INPUT);
+        let played = play(&mut stitcher(), &tenant("a"), &history, |_, h| h.to_vec());
+        assert_one_trajectory(&history, &played);
+        let client = |_, h: &[Value]| normalise_ids(&reencode_arguments(h));
+        let played = play(&mut stitcher(), &tenant("a"), &history, client);
+        assert_one_trajectory(&history, &played);
+    }
+
+    #[test]
+    fn a_responses_reply_continues_when_the_client_replays_it_as_chat_messages() {
+        let mut stitcher = stitcher();
+        let t = TrajectoryId::new();
+        let request = [json!({"type": "message", "role": "user", "content": "How many files?"})];
+        let reply = json!([
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call", "id": "fc_1", "call_id": "call_a1", "name": "shell",
+             "arguments": "{\"command\":[\"ls\"]}"}
+        ]);
+        stitcher.remember(&tenant("a"), &t, &request, &reply);
+        let next = [
+            json!({"role": "user", "content": "How many files?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_a1", "type": "function",
+                   "function": {"name": "shell", "arguments": "{\"command\": [\"ls\"]}"}}]}),
+            json!({"role": "tool", "tool_call_id": "call_a1", "content": "a b c"}),
+        ];
+        let Lookup::Continues(c) = stitcher.lookup(&tenant("a"), &next) else {
+            panic!("not joined")
+        };
+        assert_eq!((c.trajectory, c.previous_len), (t, 2));
+    }
+
+    /// A second rollout of the OpenClaw task: same system prompt and first user message, its own
+    /// engine-issued tool-call ids and a different first tool call.
+    fn look_alike(history: &[Value]) -> Vec<Value> {
+        let reissue = |id: &mut Value| *id = json!(format!("b-{}", id.as_str().unwrap()));
+        let mut other = map_items(history, |item| {
+            if let Some(Value::Array(calls)) = item.get_mut("tool_calls") {
+                calls.iter_mut().for_each(|call| reissue(&mut call["id"]));
+            }
+            if let Some(id) = item.get_mut("tool_call_id") {
+                reissue(id);
+            }
+        });
+        other[2]["tool_calls"][0]["function"]["arguments"] = json!("{\"path\": \"src/lib.rs\"}");
+        other
+    }
+
+    #[test]
+    fn look_alike_sessions_played_side_by_side_never_join_each_other() {
+        let a = fixture(OPENCLAW_CHAT);
+        let b = look_alike(&a);
+        assert_eq!(a[..2], b[..2]);
+        let mut stitcher = stitcher();
+        let sessions = [(&a, calls(&a)), (&b, calls(&b))];
+        let mut trajectories: [Option<TrajectoryId>; 2] = [None, None];
+        for k in 0..sessions[0].1.len() {
+            for (me, (history, calls)) in sessions.iter().enumerate() {
+                let (start, end) = calls[k];
+                let request = &history[..start];
+                let t = match stitcher.lookup(&tenant("a"), request) {
+                    Lookup::Continues(c) => {
+                        assert_eq!(Some(c.trajectory), trajectories[me], "call {k} of {me}");
+                        assert_ne!(Some(c.trajectory), trajectories[1 - me]);
+                        c.trajectory
+                    }
+                    other => {
+                        assert_eq!((k, &other), (0, &Lookup::New));
+                        TrajectoryId::new()
+                    }
+                };
+                trajectories[me] = Some(t);
+                stitcher.remember(&tenant("a"), &t, request, &recorded(&history[start..end]));
+            }
+        }
+    }
+
+    #[test]
+    fn sessions_that_share_replies_but_differ_in_a_later_turn_never_join_each_other() {
+        let a = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let played_a = play(&mut stitcher, &tenant("a"), &a, |_, h| h.to_vec());
+        // B asked something else after the fix: history up to the first answer, then its own turn.
+        let mut b = a[..12].to_vec();
+        b.push(json!({"role": "user", "content": "Now also handle unbalanced brackets."}));
+        let lookup = stitcher.lookup(&tenant("a"), &b);
+        assert_eq!(
+            lookup,
+            Lookup::New,
+            "A moved on from that reply, B must not join A"
+        );
+        assert!(played_a
+            .iter()
+            .all(|p| p.trajectory == played_a[0].trajectory));
+    }
+
+    #[test]
+    fn a_history_that_matches_only_a_strict_prefix_does_not_join() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let t = TrajectoryId::new();
+        // Call 2 of the session sent [..4] and got history[4] back.
+        stitcher.remember(&tenant("a"), &t, &history[..4], &recorded(&history[4..5]));
+        let lookup = |request: &[Value]| stitcher.lookup(&tenant("a"), request);
+        // The same call again (a retry): it does not contain the reply.
+        assert_eq!(lookup(&history[..4]), Lookup::New);
+        // The previous messages without the reply, plus something else.
+        let mut no_reply = history[..4].to_vec();
+        no_reply.push(json!({"role": "user", "content": "continue"}));
+        assert_eq!(lookup(&no_reply), Lookup::New);
+        // A different reply in its place.
+        let mut other_reply = history[..6].to_vec();
+        other_reply[4]["tool_calls"][0]["function"]["arguments"] =
+            json!("{\"command\": \"cargo test\"}");
+        assert_eq!(lookup(&other_reply), Lookup::New);
+        // A message missing before the reply.
+        let mut gap = history[..6].to_vec();
+        gap.remove(3);
+        assert_eq!(lookup(&gap), Lookup::New);
+        // The real continuation joins.
+        assert!(matches!(lookup(&history[..6]), Lookup::Continues(c) if c.trajectory == t));
+    }
+
+    #[test]
+    fn a_history_that_branches_from_an_older_reply_starts_a_new_trajectory() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        play(&mut stitcher, &tenant("a"), &history[..8], |_, h| {
+            h.to_vec()
+        });
+        // The trajectory moved past reply 2 (history[4]); an edited history that goes on from
+        // reply 2 differently is another trajectory.
+        let mut branch = history[..5].to_vec();
+        branch.push(
+            json!({"role": "tool", "tool_call_id": "chatcmpl-tool-9b1d0e7c55aa4f02b3d4",
+                           "content": "error: could not compile `tinyparse`"}),
+        );
+        assert_eq!(stitcher.lookup(&tenant("a"), &branch), Lookup::New);
+    }
+
+    #[test]
+    fn a_new_session_that_starts_like_another_sessions_reply_does_not_join_it() {
+        let mut stitcher = stitcher();
+        let system = json!({"role": "system", "content": "You are a helpful assistant."});
+        let greeting = json!({"role": "assistant", "content": "Hello! How can I help you today?"});
+        let t = TrajectoryId::new();
+        stitcher.remember(
+            &tenant("a"),
+            &t,
+            &[system.clone(), json!({"role": "user", "content": "hi"})],
+            &greeting,
+        );
+        // An app that seeds its conversations with the same greeting.
+        let seeded = [
+            system,
+            greeting,
+            json!({"role": "user", "content": "Book a flight to Oslo."}),
+        ];
+        assert_eq!(stitcher.lookup(&tenant("a"), &seeded), Lookup::New);
+    }
+
+    #[test]
+    fn another_tenants_continuation_never_joins() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let t = TrajectoryId::new();
+        stitcher.remember(&tenant("a"), &t, &history[..2], &recorded(&history[2..3]));
+        assert_eq!(stitcher.lookup(&tenant("b"), &history[..4]), Lookup::New);
+        // Nor can another tenant make it forget.
+        stitcher.forget(&tenant("b"), &t);
+        assert!(
+            matches!(stitcher.lookup(&tenant("a"), &history[..4]), Lookup::Continues(c) if c.trajectory == t)
+        );
+        stitcher.forget(&tenant("a"), &t);
+        assert_eq!(stitcher.lookup(&tenant("a"), &history[..4]), Lookup::New);
+        assert!(stitcher.is_empty());
+    }
+
+    #[test]
+    fn identical_rollouts_are_ambiguous_until_they_diverge() {
+        let mut stitcher = stitcher();
+        let request = [
+            json!({"role": "system", "content": "Solve the puzzle. Answer with one word."}),
+            json!({"role": "user", "content": "What has keys but opens no locks?"}),
+        ];
+        let reply = json!({"role": "assistant", "content": "A piano."});
+        let rollouts: Vec<TrajectoryId> = (0..3).map(|_| TrajectoryId::new()).collect();
+        for t in &rollouts {
+            assert_eq!(stitcher.lookup(&tenant("a"), &request), Lookup::New);
+            stitcher.remember(&tenant("a"), t, &request, &reply);
+        }
+        let mut next = request.to_vec();
+        next.push(reply.clone());
+        next.push(json!({"role": "user", "content": "Correct. Another one?"}));
+        assert_eq!(stitcher.lookup(&tenant("a"), &next), Lookup::Ambiguous);
+        // Two rollouts move on (as new trajectories) and the last one stays: still ambiguous,
+        // since which one is left is not kept.
+        stitcher.forget(&tenant("a"), &rollouts[0]);
+        stitcher.forget(&tenant("a"), &rollouts[1]);
+        assert_eq!(stitcher.lookup(&tenant("a"), &next), Lookup::Ambiguous);
+        stitcher.forget(&tenant("a"), &rollouts[2]);
+        assert_eq!(stitcher.lookup(&tenant("a"), &next), Lookup::New);
+    }
+
+    #[test]
+    fn rollouts_whose_replies_differ_only_in_tool_call_ids_each_join_their_own() {
+        let history = fixture(OPENCLAW_CHAT);
+        let mut stitcher = stitcher();
+        let reply = |id: &str| {
+            let mut reply = recorded(&history[2..3]);
+            reply["tool_calls"][0]["id"] = json!(id);
+            reply
+        };
+        let (a, b) = (TrajectoryId::new(), TrajectoryId::new());
+        stitcher.remember(&tenant("a"), &a, &history[..2], &reply("chatcmpl-tool-aaa"));
+        stitcher.remember(&tenant("a"), &b, &history[..2], &reply("chatcmpl-tool-bbb"));
+        for (t, id) in [(a, "chatcmpl-tool-aaa"), (b, "chatcmpl-tool-bbb")] {
+            let mut next = history[..4].to_vec();
+            next[2]["tool_calls"][0]["id"] = json!(id);
+            next[3]["tool_call_id"] = json!(id);
+            assert!(
+                matches!(stitcher.lookup(&tenant("a"), &next), Lookup::Continues(c) if c.trajectory == t)
+            );
+        }
+    }
+
+    #[test]
+    fn a_trajectory_idle_for_the_ttl_can_no_longer_be_joined() {
+        let history = fixture(OPENCLAW_CHAT);
+        let ttl = Duration::from_secs(60);
+        let (mut stitcher, now) = stitcher_with_clock(StitchConfig {
+            max_entries: 10,
+            ttl,
+        });
+        let t = TrajectoryId::new();
+        stitcher.remember(&tenant("a"), &t, &history[..2], &recorded(&history[2..3]));
+        *now.lock().unwrap() += ttl - Duration::from_millis(1);
+        assert!(matches!(
+            stitcher.lookup(&tenant("a"), &history[..4]),
+            Lookup::Continues(_)
+        ));
+        *now.lock().unwrap() += Duration::from_millis(1);
+        assert_eq!(stitcher.lookup(&tenant("a"), &history[..4]), Lookup::New);
+        // The next remember sweeps it out.
+        stitcher.remember(
+            &tenant("a"),
+            &TrajectoryId::new(),
+            &history[..1],
+            &json!({"content": "x"}),
+        );
+        assert_eq!(stitcher.len(), 1);
+    }
+
+    #[test]
+    fn the_least_recently_extended_trajectory_is_evicted_at_the_bound() {
+        let (mut stitcher, _) = stitcher_with_clock(StitchConfig {
+            max_entries: 2,
+            ttl: Duration::from_secs(60),
+        });
+        let request = |n: usize| [json!({"role": "user", "content": format!("task {n}")})];
+        let reply = json!({"content": "done"});
+        let continuation = |n: usize| {
+            let mut next = request(n).to_vec();
+            next.extend([
+                json!({"role": "assistant", "content": "done"}),
+                json!({"role": "user", "content": "next"}),
+            ]);
+            next
+        };
+        let ts: Vec<TrajectoryId> = (0..3).map(|_| TrajectoryId::new()).collect();
+        stitcher.remember(&tenant("a"), &ts[0], &request(0), &reply);
+        stitcher.remember(&tenant("a"), &ts[1], &request(1), &reply);
+        // Extending 0 makes 1 the least recently used.
+        stitcher.remember(&tenant("a"), &ts[0], &request(0), &reply);
+        stitcher.remember(&tenant("a"), &ts[2], &request(2), &reply);
+        assert_eq!(stitcher.len(), 2);
+        assert_eq!(stitcher.lookup(&tenant("a"), &continuation(1)), Lookup::New);
+        for n in [0, 2] {
+            assert!(
+                matches!(stitcher.lookup(&tenant("a"), &continuation(n)), Lookup::Continues(c) if c.trajectory == ts[n])
+            );
+        }
+        // Memory stays bounded under a stream of one-call trajectories.
+        for n in 3..1000 {
+            stitcher.remember(&tenant("a"), &TrajectoryId::new(), &request(n), &reply);
+        }
+        assert_eq!(
+            (stitcher.len(), stitcher.keys.len(), stitcher.by_age.len()),
+            (2, 2, 2)
+        );
+    }
+
+    #[test]
+    fn the_config_reads_durations_in_words() {
+        let config: StitchConfig =
+            serde_json::from_str(r#"{"max_entries": 5000, "ttl": "15m"}"#).unwrap();
+        assert_eq!(
+            (config.max_entries, config.ttl),
+            (5000, Duration::from_secs(900))
+        );
+        assert!(
+            serde_json::from_str::<StitchConfig>(r#"{"max_entries": 1, "ttl": "1s", "x": 1}"#)
+                .is_err()
+        );
+    }
+}
