@@ -31,6 +31,7 @@ use crate::config::Recording;
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::relay::{Recorded, RelayEnd, Tap};
 use crate::session::explicit::Hints;
+use crate::session::{CallKeys, Lookup, RequestKeys, StitchConfig, Stitcher};
 use redact::Redactor;
 use writer::Message;
 
@@ -41,6 +42,9 @@ pub struct Call {
     pub trajectory: TrajectoryId,
     pub endpoint: Endpoint,
     pub request: StepRequest,
+    /// The conversation as the agent sent it (before redaction): what its next call repeats,
+    /// and so what stitching keys are made of.
+    pub history: Vec<Value>,
     pub trainable: bool,
     pub done: bool,
     pub started_at: UnixMs,
@@ -143,6 +147,7 @@ struct Sessions {
 
 pub struct Recorder {
     config: Recording,
+    stitcher: Mutex<Stitcher>,
     queue: mpsc::Sender<Message>,
     sessions: Mutex<Sessions>,
     redactor: Redactor,
@@ -173,7 +178,12 @@ impl Recorder {
             config.batch_max.max(1),
             Arc::clone(&metrics),
         ));
+        let stitcher = Stitcher::new(StitchConfig {
+            max_entries: config.stitch_max_entries.max(1),
+            ttl: config.idle_timeout,
+        });
         let recorder = Arc::new(Self {
+            stitcher: Mutex::new(stitcher),
             redactor: Redactor::new(&config.redact)?,
             config,
             queue,
@@ -190,6 +200,10 @@ impl Recorder {
 
     fn sessions(&self) -> MutexGuard<'_, Sessions> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stitcher(&self) -> MutexGuard<'_, Stitcher> {
+        self.stitcher.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues a write without waiting; a full queue drops it (counted).
@@ -228,18 +242,39 @@ impl Recorder {
         body: &Value,
         traceparent: Option<String>,
     ) -> Call {
-        let mut request = request::step_request(endpoint, body);
+        let history = request::messages(endpoint, body);
+        // A call that names no session may continue one by its history. Hashing happens before
+        // any lock is taken.
+        let stitched = match &hints.session {
+            Some(_) => None,
+            None => {
+                let keys = RequestKeys::of(&tenant, &history);
+                match self.stitcher().lookup_keys(&keys) {
+                    Lookup::Continues(continuation) => Some(continuation),
+                    Lookup::New | Lookup::Ambiguous => None,
+                }
+            }
+        };
+        let mut request = request::step_request(history.clone(), body);
         for message in &mut request.messages {
             self.redactor.value(message);
         }
         let mut sessions = self.sessions();
-        let named = hints
-            .session
-            .as_ref()
-            .and_then(|(name, _)| sessions.by_name.get(&(tenant.clone(), name.clone())))
-            .copied()
-            .filter(|id| sessions.live.contains_key(id));
-        let trajectory = match named {
+        let known = match (&hints.session, &stitched) {
+            (Some((name, _)), _) => sessions
+                .by_name
+                .get(&(tenant.clone(), name.clone()))
+                .copied(),
+            (None, Some(continuation)) => Some(continuation.trajectory),
+            (None, None) => None,
+        }
+        .filter(|id| {
+            sessions
+                .live
+                .get(id)
+                .is_some_and(|live| live.tenant == tenant)
+        });
+        let trajectory = match known {
             Some(id) => id,
             None => self.open(&mut sessions, &tenant, hints, body),
         };
@@ -248,7 +283,14 @@ impl Recorder {
             live.last_seen = Instant::now();
             live.in_flight += 1;
             if let Some(step) = live.last_step {
-                let added = added_messages(&request.messages, live.covered);
+                let added = match &stitched {
+                    Some(continuation) if known.is_some() => {
+                        let mut added = continuation.next_state(&history).to_vec();
+                        added.iter_mut().for_each(|m| self.redactor.value(m));
+                        added
+                    }
+                    _ => added_messages(&request.messages, live.covered),
+                };
                 next_state = Some((step, added));
             }
         }
@@ -269,6 +311,7 @@ impl Recorder {
             trajectory,
             endpoint,
             request,
+            history,
             trainable: !hints.side_turn,
             done: hints.done,
             started_at: UnixMs::now(),
@@ -355,6 +398,16 @@ impl Recorder {
 
     /// Records the step of a call whose response was read to its end.
     pub fn finish(&self, call: Call, outcome: Outcome) {
+        if outcome.complete {
+            // What the agent will send back as this turn: the reply as the engine gave it.
+            let reply = json!({
+                "role": "assistant",
+                "content": outcome.output.content,
+                "tool_calls": outcome.output.tool_calls,
+            });
+            let keys = CallKeys::of(&call.tenant, &call.history, &reply);
+            self.stitcher().remember_keys(call.trajectory, keys);
+        }
         let mut output = outcome.output;
         if let Some(content) = output.content.as_mut() {
             self.redactor.text(content);
@@ -466,6 +519,7 @@ impl Recorder {
             let handshake_key = (tenant.clone(), trajectory.to_string());
             sessions.by_name.remove(&handshake_key);
         }
+        self.stitcher().forget(tenant, &trajectory);
         self.metrics
             .trajectories_completed
             .get_or_create(&ReasonLabels {

@@ -115,9 +115,10 @@ pub fn sampling(body: &Value) -> SamplingParams {
     }
 }
 
-pub fn step_request(endpoint: Endpoint, body: &Value) -> StepRequest {
+/// The step's record of a request whose conversation is `messages` (from [`messages`]).
+pub fn step_request(messages: Vec<Value>, body: &Value) -> StepRequest {
     StepRequest {
-        messages: messages(endpoint, body),
+        messages,
         tools: body["tools"].as_array().cloned().unwrap_or_default(),
         tool_choice: body.get("tool_choice").filter(|v| !v.is_null()).cloned(),
         sampling: sampling(body),

@@ -503,3 +503,79 @@ async fn the_handshake_api_opens_completes_and_shows_a_trajectory() {
     .unwrap();
     assert_eq!(unknown.status(), 404);
 }
+
+/// Every step of `tenant`, grouped by trajectory, once there are `steps` of them.
+async fn steps_by_trajectory(
+    store: &Arc<dyn Store>,
+    tenant: &TenantId,
+    steps: usize,
+) -> Vec<TrajectoryRecord> {
+    poll(&format!("{steps} steps stored"), || {
+        let (store, tenant) = (Arc::clone(store), tenant.clone());
+        async move {
+            let all = records(&store, &tenant).await;
+            let stored: usize = all.iter().map(|r| r.steps.len()).sum();
+            (stored == steps).then_some(all)
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_session_without_ids_is_stitched_from_its_re_encoded_history() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let mut messages = first_turn();
+    let reply = chat(&sidecar, &[], &messages, true).await;
+    // The client re-serialises its history: arguments re-encoded, the id normalised, text as parts.
+    let call = &reply["tool_calls"][0];
+    let arguments: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let id: String = call["id"]
+        .as_str()
+        .unwrap()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    messages[1] = json!({"role": "user", "content": [{"type": "text", "text": "What's the weather in Paris?"}]});
+    messages.push(json!({"role": "assistant", "content": "", "tool_calls": [{
+        "id": id, "type": "function",
+        "function": {"name": "get_weather", "arguments": serde_json::to_string_pretty(&arguments).unwrap()}
+    }]}));
+    messages.push(tool_result(&id));
+    chat(&sidecar, &[], &messages, false).await;
+
+    let stored = steps_by_trajectory(&store(&sidecar), &tenant("default"), 2).await;
+    assert_eq!(stored.len(), 1, "the two calls were not joined");
+    let steps = &stored[0].steps;
+    assert_eq!(
+        steps[0].next_state.as_ref().unwrap().messages,
+        vec![tool_result(&id)]
+    );
+}
+
+#[tokio::test]
+async fn look_alike_sessions_are_never_joined() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    // Two rollouts of the same task: identical first calls get identical replies.
+    let first_a = chat(&sidecar, &[], &first_turn(), false).await;
+    let first_b = chat(&sidecar, &[], &first_turn(), false).await;
+    for (reply, result) in [(first_a, "sunny"), (first_b, "raining")] {
+        let mut messages = first_turn();
+        let id = reply["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+        messages.push(reply);
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+        chat(&sidecar, &[], &messages, false).await;
+    }
+
+    let stored = steps_by_trajectory(&store(&sidecar), &tenant("default"), 4).await;
+    // Which continuation belongs to which rollout is undecidable: none is guessed.
+    assert_eq!(
+        stored.len(),
+        4,
+        "{:?}",
+        stored.iter().map(|r| r.steps.len()).collect::<Vec<_>>()
+    );
+    assert!(stored.iter().all(|r| r.steps.len() == 1));
+}
