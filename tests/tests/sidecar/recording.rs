@@ -579,3 +579,60 @@ async fn look_alike_sessions_are_never_joined() {
     );
     assert!(stored.iter().all(|r| r.steps.len() == 1));
 }
+
+/// Replaces what differs between runs — ids and clock readings — with stable stand-ins, so a
+/// recording can be compared with the committed one.
+fn normalise(value: &mut Value, ids: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                if key.ends_with("_at") && item.is_u64() {
+                    *item = json!(1_764_400_000_000_u64);
+                } else {
+                    normalise(item, ids);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| normalise(v, ids)),
+        Value::String(s)
+            if s.len() == 36
+                && s.as_bytes().get(14) == Some(&b'7')
+                && s.matches('-').count() == 4 =>
+        {
+            let n = ids.iter().position(|id| id == s).unwrap_or_else(|| {
+                ids.push(s.clone());
+                ids.len() - 1
+            });
+            *s = format!("0193a8f0-0000-7000-8000-{:012x}", n + 1);
+        }
+        _ => {}
+    }
+}
+
+/// `datapool/examples/recorded-trajectory.json` is a real recording: this records the same
+/// session again and compares. `CLAWBACK_BLESS=1` rewrites the file after a deliberate change.
+#[tokio::test]
+async fn the_documented_recording_is_what_the_sidecar_records() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    tool_session(&sidecar, "weather-run", true).await;
+    let record = completed(&store(&sidecar), &tenant("default"), "weather-run", 2).await;
+    let mut value = serde_json::to_value(&record).unwrap();
+    normalise(&mut value, &mut Vec::new());
+    for step in value["steps"].as_array_mut().into_iter().flatten() {
+        step["upstream"]["name"] = json!("vllm-0:8000");
+    }
+    let recorded = serde_json::to_string_pretty(&value).unwrap() + "\n";
+
+    let path =
+        clawback_tests::harness::repo_root().join("datapool/examples/recorded-trajectory.json");
+    if std::env::var_os("CLAWBACK_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &recorded).unwrap();
+    }
+    let documented = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        documented, recorded,
+        "run with CLAWBACK_BLESS=1 after a deliberate change"
+    );
+}
