@@ -636,3 +636,39 @@ async fn the_documented_recording_is_what_the_sidecar_records() {
         "run with CLAWBACK_BLESS=1 after a deliberate change"
     );
 }
+
+#[tokio::test]
+async fn redaction_rules_scrub_secrets_before_they_are_stored() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.recording.redact = vec![clawback_sidecar::config::Redaction {
+        pattern: r"sk-live-[A-Za-z0-9]{8,}".to_owned(),
+        replacement: "[REDACTED]".to_owned(),
+    }];
+    let data_dir = config.data_dir.clone();
+    let sidecar = Sidecar::start(config).await;
+    let messages =
+        vec![json!({"role": "user", "content": "my key is sk-live-abcdef123456, keep it"})];
+    chat(
+        &sidecar,
+        &[
+            ("x-clawback-session", "secretive"),
+            ("x-clawback-done", "true"),
+        ],
+        &messages,
+        false,
+    )
+    .await;
+
+    let record = completed(&store(&sidecar), &tenant("default"), "secretive", 1).await;
+    assert_eq!(
+        record.steps[0].request.messages[0]["content"],
+        "my key is [REDACTED], keep it"
+    );
+    // The engine still got the real text: redaction is about storage only.
+    assert!(String::from_utf8_lossy(&engine.received()[0].body).contains("sk-live-abcdef123456"));
+    for entry in std::fs::read_dir(&data_dir).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("sk-live-abcdef"));
+    }
+}
