@@ -11,7 +11,7 @@ use clawback_tests::mock::{Behaviour, MockUpstream};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
-use crate::support::{assert_openai_error, chat_request, client, eventually};
+use crate::support::{assert_openai_error, client, eventually, post_chat};
 
 /// A loopback address nothing listens on.
 async fn closed_port() -> String {
@@ -21,22 +21,13 @@ async fn closed_port() -> String {
     format!("http://{addr}")
 }
 
-async fn post_chat(sidecar: &Sidecar) -> reqwest::Response {
-    client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(false))
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_refused_connection_fails_over_and_ejects_the_dead_engine() {
     let live = MockUpstream::start().await;
     let sidecar = Sidecar::start(test_config(&[closed_port().await, live.url()])).await;
 
     for _ in 0..10 {
-        assert_eq!(post_chat(&sidecar).await.status(), 200);
+        assert_eq!(post_chat(&sidecar, false).await.status(), 200);
     }
     assert_eq!(live.request_count(), 10);
     assert_eq!(sidecar.app.pool.healthy_count(), 1);
@@ -70,7 +61,7 @@ async fn a_run_of_server_errors_ejects_an_engine_without_replaying_requests() {
 
     let mut server_errors = 0;
     for _ in 0..12 {
-        if post_chat(&sidecar).await.status() == 500 {
+        if post_chat(&sidecar, false).await.status() == 500 {
             server_errors += 1;
         }
     }
@@ -101,7 +92,7 @@ async fn a_request_an_engine_may_have_started_is_never_replayed() {
     config.balancer = BalancerKind::LeastOutstanding;
     let sidecar = Sidecar::start(config).await;
 
-    let response = post_chat(&sidecar).await;
+    let response = post_chat(&sidecar, false).await;
     assert_eq!(response.status(), 502);
     assert_openai_error(&response.json().await.unwrap(), "upstream_failed");
     assert_eq!(reads.load(Ordering::SeqCst), 1);
@@ -114,11 +105,11 @@ async fn with_every_engine_down_agents_get_503_and_the_sidecar_is_not_ready() {
     config.health.ejection = Duration::from_secs(60);
     let sidecar = Sidecar::start(config).await;
 
-    let first = post_chat(&sidecar).await;
+    let first = post_chat(&sidecar, false).await;
     assert_eq!(first.status(), 502);
     assert_openai_error(&first.json().await.unwrap(), "upstream_connect_failed");
 
-    let next = post_chat(&sidecar).await;
+    let next = post_chat(&sidecar, false).await;
     assert_eq!(next.status(), 503);
     assert_openai_error(&next.json().await.unwrap(), "no_healthy_upstream");
     let ready = client().get(sidecar.url("/readyz")).send().await.unwrap();
@@ -139,7 +130,7 @@ async fn an_ejected_engine_is_tried_again_after_its_ejection_period() {
     config.health.ejection = Duration::from_millis(300);
     let sidecar = Sidecar::start(config).await;
 
-    assert_eq!(post_chat(&sidecar).await.status(), 503);
+    assert_eq!(post_chat(&sidecar, false).await.status(), 503);
     assert_eq!(sidecar.app.pool.healthy_count(), 0);
     flaky.set_behaviour(Behaviour::default());
     assert!(
@@ -147,7 +138,7 @@ async fn an_ejected_engine_is_tried_again_after_its_ejection_period() {
             == 1)
         .await
     );
-    assert_eq!(post_chat(&sidecar).await.status(), 200);
+    assert_eq!(post_chat(&sidecar, false).await.status(), 200);
     assert_eq!(flaky.request_count(), 2);
 }
 
@@ -166,7 +157,7 @@ async fn concurrent_load_spreads_over_healthy_engines() {
     let calls: Vec<_> = (0..40)
         .map(|_| {
             let sidecar = Arc::clone(&sidecar);
-            tokio::spawn(async move { post_chat(&sidecar).await.status() })
+            tokio::spawn(async move { post_chat(&sidecar, false).await.status() })
         })
         .collect();
     for call in calls {

@@ -13,7 +13,7 @@ use clawback_tests::mock::{Behaviour, MockUpstream};
 use serde_json::{json, Value};
 
 use crate::support::{
-    assert_openai_error, chat_request, client, openclaw_request, read_chunks, sse_data,
+    assert_openai_error, chat_request, client, openclaw_request, post_chat, read_chunks, sse_data,
 };
 
 /// A sidecar in front of `engine` that adds nothing to requests.
@@ -28,12 +28,7 @@ async fn a_non_streaming_answer_passes_byte_for_byte() {
     let engine = MockUpstream::start().await;
     let sidecar = Sidecar::start(transparent(&engine)).await;
 
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(false))
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&sidecar, false).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "application/json");
     assert!(response.headers().contains_key("x-request-id"));
@@ -51,12 +46,7 @@ async fn a_streamed_answer_arrives_event_by_event_not_at_the_end() {
     let sidecar = Sidecar::start(transparent(&engine)).await;
 
     let started = Instant::now();
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(true))
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&sidecar, true).await;
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let chunks = read_chunks(response).await;
     let finished = Instant::now();
@@ -201,12 +191,7 @@ async fn an_engine_error_reaches_the_agent_as_the_engine_sent_it() {
     });
     let sidecar = Sidecar::start(transparent(&engine)).await;
 
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(false))
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&sidecar, false).await;
     assert_eq!(response.status(), 400);
     let body = response.bytes().await.unwrap();
     assert_eq!(body, engine.sent()[0]);
@@ -224,12 +209,7 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_openai_error_event()
     });
     let sidecar = Sidecar::start(transparent(&engine)).await;
 
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(true))
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&sidecar, true).await;
     assert_eq!(response.status(), 200);
     let body = response.bytes().await.unwrap();
     let events = sse_data(&body);

@@ -10,7 +10,7 @@ use clawback_tests::harness::{repo_root, test_config, Sidecar};
 use clawback_tests::mock::{Behaviour, MockUpstream};
 use futures_util::StreamExt;
 
-use crate::support::{chat_request, client, eventually, read_chunks, sse_data};
+use crate::support::{chat_request, client, eventually, post_chat, read_chunks, sse_data};
 
 fn slow_stream() -> Behaviour {
     Behaviour {
@@ -25,12 +25,7 @@ async fn an_agent_leaving_mid_stream_does_not_cancel_the_engine_call() {
     engine.set_behaviour(slow_stream());
     let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
 
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(true))
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&sidecar, true).await;
     let mut body = response.bytes_stream();
     let _first = body.next().await.unwrap().unwrap();
     drop(body);
@@ -82,12 +77,7 @@ async fn shutdown_lets_an_in_flight_stream_finish_and_refuses_new_connections() 
     let mut sidecar = Sidecar::start(test_config(&[engine.url()])).await;
     let addr = sidecar.addr;
 
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(true))
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&sidecar, true).await;
     let drained = sidecar.begin_shutdown();
     let chunks = read_chunks(response).await;
     let body: Vec<u8> = chunks.iter().flat_map(|(_, c)| c.iter().copied()).collect();

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{assert_openai_error, chat_request, client, eventually, sse_data};
+use crate::support::{assert_openai_error, client, eventually, post_chat, sse_data};
 
 #[tokio::test]
 async fn a_body_over_the_limit_gets_413_and_never_reaches_the_engine() {
@@ -59,25 +59,12 @@ async fn past_the_concurrency_limit_requests_are_shed_with_retry_after() {
     let held: Vec<_> = (0..2)
         .map(|_| {
             let sidecar = Arc::clone(&sidecar);
-            tokio::spawn(async move {
-                client()
-                    .post(sidecar.url("/v1/chat/completions"))
-                    .json(&chat_request(false))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-            })
+            tokio::spawn(async move { post_chat(&sidecar, false).await.status() })
         })
         .collect();
     assert!(eventually(Duration::from_secs(5), || engine.request_count() == 2).await);
 
-    let shed = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(false))
-        .send()
-        .await
-        .unwrap();
+    let shed = post_chat(&sidecar, false).await;
     assert_eq!(shed.status(), 503);
     assert_eq!(shed.headers()["retry-after"], "2");
     assert_openai_error(&shed.json().await.unwrap(), "overloaded");
@@ -109,12 +96,7 @@ async fn an_engine_that_never_answers_gets_504() {
     config.timeouts.upstream_first_byte = Duration::from_millis(300);
     let sidecar = Sidecar::start(config).await;
 
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(false))
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&sidecar, false).await;
     assert_eq!(response.status(), 504);
     assert_openai_error(&response.json().await.unwrap(), "upstream_timeout");
 }
@@ -130,15 +112,7 @@ async fn an_engine_that_stalls_mid_stream_ends_the_stream_with_an_error_event() 
     config.timeouts.upstream_idle = Duration::from_millis(300);
     let sidecar = Sidecar::start(config).await;
 
-    let body = client()
-        .post(sidecar.url("/v1/chat/completions"))
-        .json(&chat_request(true))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let body = post_chat(&sidecar, true).await.bytes().await.unwrap();
     let events = sse_data(&body);
     assert_eq!(events.len(), 2, "{events:?}");
     let error: Value = serde_json::from_str(&events[1]).unwrap();

@@ -90,6 +90,19 @@ pub fn client() -> reqwest::Client {
         .expect("client builds")
 }
 
+/// A small chat call through `sidecar`, streamed or not.
+pub async fn post_chat(
+    sidecar: &clawback_tests::harness::Sidecar,
+    stream: bool,
+) -> reqwest::Response {
+    client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&chat_request(stream))
+        .send()
+        .await
+        .expect("the sidecar answers")
+}
+
 /// Body chunks as the client received them, with their arrival times.
 pub async fn read_chunks(response: reqwest::Response) -> Vec<(Instant, bytes::Bytes)> {
     let mut stream = response.bytes_stream();
