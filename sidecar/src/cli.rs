@@ -7,8 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use clawback_datapool::{TenantId, UnixMs};
+
 use crate::app::App;
 use crate::config::{Config, Overrides, UpstreamKind};
+use crate::export::{self, Format};
 use crate::{server, telemetry};
 
 #[derive(Debug, Parser)]
@@ -22,6 +25,8 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI API and forward it to the upstream(s).
     Serve(ServeArgs),
+    /// Write a tenant's completed trajectories as training rows (see sidecar/EXPORT.md).
+    Export(ExportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -49,11 +54,75 @@ struct ServeArgs {
     set: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// The tenant whose trajectories are exported; never any other tenant's.
+    #[arg(long)]
+    tenant: TenantId,
+    #[arg(long, value_enum, default_value_t = Format::Jsonl)]
+    format: Format,
+    /// Output file; JSONL goes to stdout without it, Parquet needs it.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Only trajectories completed since: an RFC 3339 time or a duration back from now (24h).
+    #[arg(long, value_parser = export::parse_since)]
+    since: Option<UnixMs>,
+    /// At most this many trajectories, oldest first.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// The store is chosen as for `serve`: the same config file, variables and flags.
+    #[arg(long, env = "CLAWBACK_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, env = "CLAWBACK_REDIS")]
+    redis: Option<String>,
+    #[arg(long, env = "CLAWBACK_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
 /// Parses the command line and runs it; the binary's whole `main`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Export(args) => export(args),
+    }
+}
+
+fn export(args: ExportArgs) -> ExitCode {
+    let overrides = Overrides {
+        redis: args.redis,
+        data_dir: args.data_dir,
+        ..Overrides::default()
+    };
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => return fail(&e),
+    };
+    let options = export::Options {
+        tenant: args.tenant,
+        format: args.format,
+        out: args.out,
+        since: args.since,
+        limit: args.limit,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&e),
+    };
+    let result = runtime.block_on(async {
+        let store = crate::store::open(&config).await?;
+        export::run(store.as_ref(), &options).await
+    });
+    match result {
+        Ok(summary) => {
+            // stderr: stdout may be the JSONL itself.
+            eprintln!("clawback-sidecar: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
     }
 }
 
