@@ -62,7 +62,7 @@ struct ExportArgs {
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     format: Format,
     /// Output file; JSONL goes to stdout without it, Parquet needs it.
-    #[arg(long)]
+    #[arg(long, required_if_eq("format", "parquet"))]
     out: Option<PathBuf>,
     /// Only trajectories completed since: an RFC 3339 time or a duration back from now (24h).
     #[arg(long, value_parser = export::parse_since)]
@@ -70,11 +70,13 @@ struct ExportArgs {
     /// At most this many trajectories, oldest first.
     #[arg(long)]
     limit: Option<usize>,
-    /// The store is chosen as for `serve`: the same config file, variables and flags.
+    /// TOML configuration file: the store is chosen as for `serve`.
     #[arg(long, env = "CLAWBACK_CONFIG")]
     config: Option<PathBuf>,
+    /// Redis the sidecar records into (redis://, rediss://; AUTH in the URL).
     #[arg(long, env = "CLAWBACK_REDIS")]
     redis: Option<String>,
+    /// Directory of the embedded store (used when no Redis is configured).
     #[arg(long, env = "CLAWBACK_DATA_DIR")]
     data_dir: Option<PathBuf>,
 }
@@ -113,7 +115,7 @@ fn export(args: ExportArgs) -> ExitCode {
         Err(e) => return fail(&e),
     };
     let result = runtime.block_on(async {
-        let store = crate::store::open(&config).await?;
+        let store = export::open_store(&config).await?;
         export::run(store.as_ref(), &options).await
     });
     match result {

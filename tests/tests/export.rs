@@ -391,6 +391,7 @@ async fn parquet_holds_the_same_rows_as_jsonl_and_reads_back_with_arrow() {
         &pool.dir,
         &["--tenant", "acme", "--format", "parquet", "--out", out_arg],
     ));
+    assert!(!pool.dir.join("acme.parquet.partial").exists());
     let jsonl = jsonl_rows(&export(&pool.dir, &["--tenant", "acme"]));
 
     let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&out).unwrap())
@@ -440,5 +441,15 @@ async fn parquet_without_an_output_file_is_refused_with_the_reason() {
     let output = export(&pool.dir, &["--tenant", "acme", "--format", "parquet"]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("needs --out"), "{stderr}");
+    assert!(stderr.contains("--out"), "{stderr}");
+}
+
+#[test]
+fn a_data_dir_without_a_datapool_is_an_error_not_an_empty_export() {
+    let dir = scratch_dir("export-empty");
+    let output = export(&dir, &["--tenant", "acme"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no datapool at"), "{stderr}");
+    assert!(!dir.exists(), "the export created {}", dir.display());
 }

@@ -12,13 +12,17 @@ mod parquet;
 pub mod row;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use clawback_datapool::{Store, TenantId, TrajectoryId, TrajectoryStatus, UnixMs};
+use clawback_datapool::{
+    LocalStore, RedisConfig, RedisStore, Store, TenantId, TrajectoryId, TrajectoryStatus, UnixMs,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use self::row::Row;
+use crate::config::Config;
 
 /// How many trajectory headers one store call lists.
 const PAGE: usize = 500;
@@ -73,8 +77,8 @@ impl std::fmt::Display for Summary {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
-    #[error("{0}")]
-    Open(#[from] crate::store::OpenError),
+    #[error("no datapool at {}: nothing was recorded there (check --data-dir)", .0.display())]
+    NoDatapool(PathBuf),
     #[error("reading the datapool failed: {0}")]
     Store(#[from] clawback_datapool::Error),
     #[error("--format parquet needs --out FILE: Parquet is not streamed to stdout")]
@@ -120,11 +124,58 @@ pub fn parse_since(s: &str) -> Result<UnixMs, String> {
     }
 }
 
-/// Exports `options.tenant`'s completed trajectories from `store`.
+/// Opens the datapool `config` names, for reading. Not [`crate::store::open`]: that one wraps
+/// Redis in the spool and starts replaying it, which is the serving sidecar's job — a second
+/// replayer beside it would write the backlog twice. An export reads what reached the store, and
+/// a missing embedded store is an error rather than a new, empty one.
+pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, ExportError> {
+    match &config.redis {
+        Some(url) => Ok(Arc::new(
+            RedisStore::connect(&RedisConfig::single(url.clone())).await?,
+        )),
+        None => {
+            let path = config.data_dir.join(crate::store::LOCAL_FILE);
+            if !path.is_file() {
+                return Err(ExportError::NoDatapool(path));
+            }
+            Ok(Arc::new(LocalStore::open(path)?))
+        }
+    }
+}
+
+/// Exports `options.tenant`'s completed trajectories from `store`. A file output is written
+/// beside its name and renamed when complete: a failed export never leaves a file that looks
+/// whole (a truncated JSONL would read as a smaller data set).
 pub async fn run(store: &dyn Store, options: &Options) -> Result<Summary, ExportError> {
+    let partial = options.out.as_ref().map(|out| {
+        let mut name = out.clone().into_os_string();
+        name.push(".partial");
+        PathBuf::from(name)
+    });
+    let result = write_rows(store, options, partial.as_deref()).await;
+    if let (Some(partial), Some(out)) = (&partial, &options.out) {
+        match &result {
+            Ok(_) => std::fs::rename(partial, out).map_err(|source| ExportError::Write {
+                path: out.display().to_string(),
+                source,
+            })?,
+            // Best effort: the error being reported matters more than a leftover file.
+            Err(_) => {
+                let _ = std::fs::remove_file(partial);
+            }
+        }
+    }
+    result
+}
+
+async fn write_rows(
+    store: &dyn Store,
+    options: &Options,
+    file: Option<&Path>,
+) -> Result<Summary, ExportError> {
+    let mut sink = open_sink(options.format, file)?;
     let mut summary = Summary::default();
     let ids = completed_ids(store, options, &mut summary).await?;
-    let mut sink = open_sink(options)?;
     let progress = progress_bar(ids.len());
     for id in &ids {
         // Gone between the two passes (trimmed by a cap): nothing to export.
@@ -175,8 +226,8 @@ async fn completed_ids(
     Ok(ids)
 }
 
-fn open_sink(options: &Options) -> Result<Box<dyn RowSink>, ExportError> {
-    match (options.format, &options.out) {
+fn open_sink(format: Format, file: Option<&Path>) -> Result<Box<dyn RowSink>, ExportError> {
+    match (format, file) {
         (Format::Jsonl, None) => Ok(Box::new(jsonl::JsonlSink::new(
             Box::new(std::io::stdout().lock()),
             "stdout".to_owned(),
@@ -190,7 +241,7 @@ fn open_sink(options: &Options) -> Result<Box<dyn RowSink>, ExportError> {
     }
 }
 
-fn create(path: &std::path::Path) -> Result<std::fs::File, ExportError> {
+fn create(path: &Path) -> Result<std::fs::File, ExportError> {
     std::fs::File::create(path).map_err(|source| ExportError::Write {
         path: path.display().to_string(),
         source,
