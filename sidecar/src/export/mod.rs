@@ -209,17 +209,19 @@ async fn completed_ids(
         let Some(last) = page.last() else { break };
         after = Some(last.id);
         for header in &page {
+            if ids.len() >= limit {
+                break;
+            }
+            // Completion time, not creation: an export "since the last one" must not miss a
+            // trajectory that started before it and completed after. Open ones go by creation.
+            let at = header.completed_at.unwrap_or(header.created_at);
+            if options.since.is_some_and(|since| at < since) {
+                continue;
+            }
             match header.status {
                 TrajectoryStatus::Open => summary.skipped_open += 1,
                 TrajectoryStatus::Abandoned => summary.skipped_abandoned += 1,
-                TrajectoryStatus::Completed => {
-                    // Completion time, not creation: an export "since the last one" must not
-                    // miss a trajectory that started before it and completed after.
-                    let at = header.completed_at.unwrap_or(header.created_at);
-                    if options.since.is_none_or(|since| at >= since) && ids.len() < limit {
-                        ids.push(header.id);
-                    }
-                }
+                TrajectoryStatus::Completed => ids.push(header.id),
             }
         }
     }
