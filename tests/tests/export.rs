@@ -205,6 +205,8 @@ async fn jsonl_holds_one_row_per_trainable_step_of_the_tenants_completed_traject
         ),
         "{stderr}"
     );
+    // Not a terminal: no progress bar, only the summary.
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
     let rows = jsonl_rows(&output);
     assert_eq!(rows.len(), 4);
     let rows = by_step(&rows);
@@ -260,6 +262,21 @@ async fn jsonl_holds_one_row_per_trainable_step_of_the_tenants_completed_traject
     assert_eq!(rows[&(weather, 0)]["policy_adapter"], json!("acme@v17"));
     assert_eq!(rows[&(thumbs.clone(), 1)]["tokens_source"], json!("none"));
     assert_eq!(rows[&(thumbs, 1)]["next_state"][0]["role"], json!("user"));
+}
+
+#[tokio::test]
+async fn jsonl_to_a_file_is_the_same_as_to_stdout_and_appears_only_when_whole() {
+    let pool = pool().await;
+    let out = pool.dir.join("acme.jsonl");
+    let to_file = export(
+        &pool.dir,
+        &["--tenant", "acme", "--out", out.to_str().unwrap()],
+    );
+    succeeded(&to_file);
+    assert!(to_file.stdout.is_empty());
+    assert!(!pool.dir.join("acme.jsonl.partial").exists());
+    let to_stdout = export(&pool.dir, &["--tenant", "acme"]);
+    assert_eq!(std::fs::read(&out).unwrap(), to_stdout.stdout);
 }
 
 #[tokio::test]
