@@ -59,6 +59,7 @@ struct ExportArgs {
     /// The tenant whose trajectories are exported; never any other tenant's.
     #[arg(long)]
     tenant: TenantId,
+    /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     format: Format,
     /// Output file; JSONL goes to stdout without it, Parquet needs it.
