@@ -7,8 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use clawback_datapool::{TenantId, UnixMs};
+
 use crate::app::App;
 use crate::config::{Config, Overrides, UpstreamKind};
+use crate::export::{self, Format};
 use crate::{server, telemetry};
 
 #[derive(Debug, Parser)]
@@ -24,6 +27,8 @@ enum Command {
     Serve(ServeArgs),
     /// Print the `sha256:<hex>` form of an API key (read from stdin) for `[tenants.keys]`.
     HashKey,
+    /// Write a tenant's completed trajectories as training rows (see sidecar/EXPORT.md).
+    Export(ExportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -51,6 +56,34 @@ struct ServeArgs {
     set: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// The tenant whose trajectories are exported; never any other tenant's.
+    #[arg(long)]
+    tenant: TenantId,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Jsonl)]
+    format: Format,
+    /// Output file; JSONL goes to stdout without it, Parquet needs it.
+    #[arg(long, required_if_eq("format", "parquet"))]
+    out: Option<PathBuf>,
+    /// Only trajectories completed since: an RFC 3339 time or a duration back from now (24h).
+    #[arg(long, value_parser = export::parse_since)]
+    since: Option<UnixMs>,
+    /// At most this many trajectories, oldest first.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// TOML configuration file: the store is chosen as for `serve`.
+    #[arg(long, env = "CLAWBACK_CONFIG")]
+    config: Option<PathBuf>,
+    /// Redis the sidecar records into (redis://, rediss://; AUTH in the URL).
+    #[arg(long, env = "CLAWBACK_REDIS")]
+    redis: Option<String>,
+    /// Directory of the embedded store (used when no Redis is configured).
+    #[arg(long, env = "CLAWBACK_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
 /// Parses the command line and runs it; the binary's whole `main`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -64,6 +97,45 @@ pub fn main() -> ExitCode {
             println!("{}", crate::tenant::key_hash(key.trim()));
             ExitCode::SUCCESS
         }
+        Command::Export(args) => export(args),
+    }
+}
+
+fn export(args: ExportArgs) -> ExitCode {
+    let overrides = Overrides {
+        redis: args.redis,
+        data_dir: args.data_dir,
+        ..Overrides::default()
+    };
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => return fail(&e),
+    };
+    let options = export::Options {
+        tenant: args.tenant,
+        format: args.format,
+        out: args.out,
+        since: args.since,
+        limit: args.limit,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&e),
+    };
+    let result = runtime.block_on(async {
+        let store = export::open_store(&config).await?;
+        export::run(store.as_ref(), &options).await
+    });
+    match result {
+        Ok(summary) => {
+            // stderr: stdout may be the JSONL itself.
+            eprintln!("clawback-sidecar: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
     }
 }
 

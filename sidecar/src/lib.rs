@@ -9,6 +9,7 @@ pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod forward;
 pub mod handshake;
 pub mod layers;
