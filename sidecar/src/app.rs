@@ -118,7 +118,13 @@ impl App {
         self.background.cancel();
         if let Some(recorder) = &self.recorder {
             recorder.complete_all();
-            recorder.close().await;
+            // Bounded: a datapool that hangs must not hang the process's exit.
+            if tokio::time::timeout(self.config.timeouts.shutdown_grace, recorder.close())
+                .await
+                .is_err()
+            {
+                tracing::error!("the recorder could not write everything before exiting");
+            }
         }
     }
 }

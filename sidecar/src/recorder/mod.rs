@@ -12,6 +12,7 @@
 
 pub mod redact;
 pub mod request;
+pub mod throttle;
 pub mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -147,6 +148,7 @@ struct Sessions {
 
 pub struct Recorder {
     config: Recording,
+    drop_log: throttle::LogThrottle,
     stitcher: Mutex<Stitcher>,
     queue: mpsc::Sender<Message>,
     sessions: Mutex<Sessions>,
@@ -184,6 +186,7 @@ impl Recorder {
         });
         let recorder = Arc::new(Self {
             stitcher: Mutex::new(stitcher),
+            drop_log: throttle::LogThrottle::new(Duration::from_secs(5)),
             redactor: Redactor::new(&config.redact)?,
             config,
             queue,
@@ -215,7 +218,13 @@ impl Recorder {
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.dropped("queue_full");
-                tracing::error!("the recorder queue is full: a write was dropped");
+                if let Some(count) = self.drop_log.event() {
+                    tracing::error!(
+                        dropped = count,
+                        "the recorder queue is full: writes are being dropped (the datapool is \
+                         slower than the traffic; see clawback_records_dropped_total)"
+                    );
+                }
             }
             Err(mpsc::error::TrySendError::Closed(_)) => self.dropped("shutting_down"),
         }
@@ -327,12 +336,9 @@ impl Recorder {
         hints: &Hints,
         body: &Value,
     ) -> TrajectoryId {
-        let id = hints
-            .session
-            .as_ref()
-            .and_then(|(name, _)| name.parse::<TrajectoryId>().ok())
-            .filter(|id| !sessions.live.contains_key(id))
-            .unwrap_or_default();
+        // Always a fresh id: a session name that was a trajectory id (the handshake's base_url,
+        // used again after completion) must not append to a finished trajectory.
+        let id = TrajectoryId::new();
         let mut trajectory = Trajectory::open(tenant.clone(), id);
         if let Some((name, source)) = &hints.session {
             trajectory

@@ -1,15 +1,17 @@
 //! The batch writer: the only task that talks to the store on behalf of the request path.
 //!
-//! Writes arrive in order on a bounded queue; consecutive step appends are coalesced into one
-//! batch (one pipelined round trip on Redis). A write that fails is counted and logged and
+//! Writes arrive in order on a bounded queue; what is queued at once is taken as one round, and
+//! the steps of all its calls go to the store as one batch (one pipelined round trip on Redis). A write that fails is counted and logged and
 //! dropped — a `SpooledStore` has already kept it through a Redis outage, so a failure here
 //! means both Redis and the spool failed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use clawback_datapool::{Store, WriteOp};
 use tokio::sync::{mpsc, oneshot};
 
+use super::throttle::LogThrottle;
 use crate::metrics::{Metrics, StoreErrorLabels};
 
 pub enum Message {
@@ -24,39 +26,76 @@ pub async fn run(
     batch_max: usize,
     metrics: Arc<Metrics>,
 ) {
-    let mut held: Option<Message> = None;
-    loop {
-        let message = match held.take() {
-            Some(message) => message,
-            None => match queue.recv().await {
-                Some(message) => message,
-                None => return,
-            },
-        };
-        let op = match message {
-            Message::Close(done) => {
-                let _ = done.send(());
-                return;
-            }
-            Message::Write(WriteOp::AppendSteps { mut steps }) => {
-                while steps.len() < batch_max {
-                    match queue.try_recv() {
-                        Ok(Message::Write(WriteOp::AppendSteps { steps: more })) => {
-                            steps.extend(more)
-                        }
-                        Ok(other) => {
-                            held = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
+    let errors = LogThrottle::new(Duration::from_secs(5));
+    while let Some(first) = queue.recv().await {
+        // Take what else is already queued, up to a batch, stopping at a close.
+        let mut batch = Batch::default();
+        let mut close = None;
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(message) = next.take() {
+            match message {
+                Message::Close(done) => {
+                    close = Some(done);
+                    break;
                 }
-                WriteOp::AppendSteps { steps }
+                Message::Write(op) => batch.add(op),
             }
-            Message::Write(op) => op,
-        };
-        metrics.recorder_queue.dec_by(count(&op));
-        apply(&*store, op, &metrics).await;
+            taken += 1;
+            if taken < batch_max {
+                next = queue.try_recv().ok();
+            }
+        }
+        for op in batch.in_order() {
+            metrics.recorder_queue.dec_by(count(&op));
+            apply(&*store, op, &metrics, &errors).await;
+        }
+        if let Some(done) = close {
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+/// One round of writes, regrouped so steps of many calls go to the store as one batch.
+///
+/// Regrouping by kind keeps every dependency the queue order had: a trajectory is created
+/// before its steps, a step exists before its next state is set, and a trajectory completes
+/// after its steps — within a round (creations, then steps, then next states, evaluations and
+/// completions) and across rounds (a round is applied whole before the next one is taken).
+#[derive(Default)]
+struct Batch {
+    upserts: Vec<WriteOp>,
+    steps: Vec<clawback_datapool::Step>,
+    next_states: Vec<WriteOp>,
+    evaluations: Vec<clawback_datapool::Evaluation>,
+    completions: Vec<WriteOp>,
+}
+
+impl Batch {
+    fn add(&mut self, op: WriteOp) {
+        match op {
+            WriteOp::UpsertTrajectory { .. } => self.upserts.push(op),
+            WriteOp::AppendSteps { steps } => self.steps.extend(steps),
+            WriteOp::SetNextState { .. } => self.next_states.push(op),
+            WriteOp::AppendEvaluations { evaluations } => self.evaluations.extend(evaluations),
+            WriteOp::CompleteTrajectory { .. } => self.completions.push(op),
+        }
+    }
+
+    fn in_order(self) -> Vec<WriteOp> {
+        let mut ops = self.upserts;
+        if !self.steps.is_empty() {
+            ops.push(WriteOp::AppendSteps { steps: self.steps });
+        }
+        ops.extend(self.next_states);
+        if !self.evaluations.is_empty() {
+            ops.push(WriteOp::AppendEvaluations {
+                evaluations: self.evaluations,
+            });
+        }
+        ops.extend(self.completions);
+        ops
     }
 }
 
@@ -78,7 +117,7 @@ fn op_name(op: &WriteOp) -> &'static str {
     }
 }
 
-async fn apply(store: &dyn Store, op: WriteOp, metrics: &Metrics) {
+async fn apply(store: &dyn Store, op: WriteOp, metrics: &Metrics, errors: &LogThrottle) {
     match op.apply(store).await {
         Ok(_) => {
             if let WriteOp::AppendSteps { steps } = &op {
@@ -91,7 +130,10 @@ async fn apply(store: &dyn Store, op: WriteOp, metrics: &Metrics) {
                 error: e.label(),
             };
             metrics.store_errors.get_or_create(&labels).inc();
-            tracing::error!(op = labels.op, error = %e, "the datapool refused a write; it is lost");
+            if let Some(count) = errors.event() {
+                tracing::error!(op = labels.op, error = %e, failed = count,
+                    "the datapool refuses writes; they are lost (see clawback_store_errors_total)");
+            }
         }
     }
 }
