@@ -14,6 +14,7 @@ pub mod optim;
 mod pyjson;
 pub mod rope;
 mod safetensors_io;
+pub mod samples;
 pub mod schedule;
 pub mod scoring;
 #[cfg(test)]
