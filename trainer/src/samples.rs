@@ -9,12 +9,14 @@
 //!
 //! **Merge rule.** Steps are taken in the order the store lists them. A step joins the sample
 //! built so far when its `prompt_token_ids` start with that sample's whole `input_ids` (every
-//! earlier prompt, completion and in-between token, id for id) and the same policy served it; the
-//! rest of its prompt (tool results, the user's reply, the chat template's turn markers) goes in
-//! with mask 0 and its completion with mask 1. Nothing is guessed: a chat template that renders an
-//! earlier turn differently (reasoning stripped, an end-of-turn token the engine did not return
-//! re-rendered otherwise) starts a new sample. An end-of-turn token that the engine did not return
-//! but the next prompt carries is a prompt token there: mask 0, as it was never sampled.
+//! earlier prompt, completion and in-between token, id for id), the same policy served it, and
+//! the result stays within [`SampleOptions::max_merged_len`]; the rest of its prompt (tool
+//! results, the user's reply, the chat template's turn markers) goes in with mask 0 and its
+//! completion with mask 1. Nothing is guessed: when the template renders an earlier turn
+//! differently (reasoning stripped, a different end-of-turn token), the step starts a new sample.
+//! An end-of-turn token the engine did not return but the next prompt carries is a prompt token
+//! there: mask 0, as it was never sampled. A step dropped in between (side turn, duplicate,
+//! stale) leaves its tokens in the next prompt, so they join as context with mask 0.
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::Range;
@@ -33,6 +35,10 @@ pub struct SampleOptions {
     /// K: a step served by a version more than K behind `current_version` is dropped. A step
     /// with no policy was served by the base model and counts as version 0.
     pub max_staleness: u64,
+    /// The longest sequence a merge may produce (the model's context, or the packing length);
+    /// a step that would overflow it starts a new sample instead. `None`: no limit. A single
+    /// step longer than this is left as it is, for the batcher to truncate or skip.
+    pub max_merged_len: Option<usize>,
 }
 
 /// What [`samples_from`] did with the steps it was given; added up across calls for the
@@ -169,9 +175,10 @@ impl Sample {
     }
 
     /// Whether `step` continues this sequence under the merge rule (module docs).
-    fn is_extended_by(&self, step: &Step, engine: &EngineTokens) -> bool {
-        self.tokens_source == TokensSource::Engine
-            && self.policy == step.policy
+    fn is_extended_by(&self, step: &Step, engine: &EngineTokens, options: &SampleOptions) -> bool {
+        let merged_len = engine.prompt_token_ids.len() + engine.completion_token_ids.len();
+        self.policy == step.policy
+            && options.max_merged_len.is_none_or(|max| merged_len <= max)
             && engine.prompt_token_ids.starts_with(&self.input_ids)
     }
 
@@ -404,7 +411,7 @@ pub fn samples_from(
             Behaviour::CurrentPolicy
         };
         match open.as_mut() {
-            Some(sample) if sample.is_extended_by(step, engine) => {
+            Some(sample) if sample.is_extended_by(step, engine, options) => {
                 sample.extend_with(step, engine, behaviour);
                 stats.merged_steps += 1;
             }
@@ -626,6 +633,7 @@ mod tests {
         let options = |k| SampleOptions {
             current_version: Some(20),
             max_staleness: k,
+            ..SampleOptions::default()
         };
 
         let (out, stats) = run(&record, options(2));
@@ -644,6 +652,7 @@ mod tests {
         let options = |current| SampleOptions {
             current_version: Some(current),
             max_staleness: 4,
+            ..SampleOptions::default()
         };
         assert_eq!(run(&record, options(4)).0.samples.len(), 2);
         let (out, stats) = run(&record, options(5));
@@ -742,6 +751,21 @@ mod tests {
         let (out, _) = run(&record, SampleOptions::default());
         assert_eq!(out.samples.len(), 2);
         assert_eq!(out.samples[1].policy.as_ref().map(|p| p.version), Some(18));
+    }
+
+    #[test]
+    fn a_merge_that_would_overflow_the_length_limit_starts_a_new_sample() {
+        let record = example();
+        let second = engine(&record.steps[1]);
+        let whole = second.prompt_token_ids.len() + second.completion_token_ids.len();
+        let limit = |max| SampleOptions {
+            max_merged_len: Some(max),
+            ..SampleOptions::default()
+        };
+        assert_eq!(run(&record, limit(whole)).0.samples.len(), 1);
+        let (out, stats) = run(&record, limit(whole - 1));
+        assert_eq!(out.samples.len(), 2);
+        assert_eq!(stats.merged_steps, 0);
     }
 
     #[test]
