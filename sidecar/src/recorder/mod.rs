@@ -43,9 +43,9 @@ pub struct Call {
     pub trajectory: TrajectoryId,
     pub endpoint: Endpoint,
     pub request: StepRequest,
-    /// The conversation as the agent sent it (before redaction): what its next call repeats,
-    /// and so what stitching keys are made of.
-    pub history: Vec<Value>,
+    /// The conversation as the agent sent it, kept only when redaction changed what is stored:
+    /// the agent's next call repeats the unredacted text, so stitching keys are made of it.
+    pub unredacted: Option<Vec<Value>>,
     pub trainable: bool,
     pub done: bool,
     pub started_at: UnixMs,
@@ -264,10 +264,12 @@ impl Recorder {
                 }
             }
         };
-        let mut request = request::step_request(history.clone(), body);
+        let unredacted = (!self.redactor.is_empty()).then(|| history.clone());
+        let mut request = request::step_request(history, body);
         for message in &mut request.messages {
             self.redactor.value(message);
         }
+        let history = unredacted.as_deref().unwrap_or(&request.messages);
         let mut sessions = self.sessions();
         let known = match (&hints.session, &stitched) {
             (Some((name, _)), _) => sessions
@@ -294,7 +296,7 @@ impl Recorder {
             if let Some(step) = live.last_step {
                 let added = match &stitched {
                     Some(continuation) if known.is_some() => {
-                        let mut added = continuation.next_state(&history).to_vec();
+                        let mut added = continuation.next_state(history).to_vec();
                         added.iter_mut().for_each(|m| self.redactor.value(m));
                         added
                     }
@@ -320,7 +322,7 @@ impl Recorder {
             trajectory,
             endpoint,
             request,
-            history,
+            unredacted,
             trainable: !hints.side_turn,
             done: hints.done,
             started_at: UnixMs::now(),
@@ -411,7 +413,8 @@ impl Recorder {
                 "content": outcome.output.content,
                 "tool_calls": outcome.output.tool_calls,
             });
-            let keys = CallKeys::of(&call.tenant, &call.history, &reply);
+            let history = call.unredacted.as_deref().unwrap_or(&call.request.messages);
+            let keys = CallKeys::of(&call.tenant, history, &reply);
             self.stitcher().remember_keys(call.trajectory, keys);
         }
         let mut output = outcome.output;
