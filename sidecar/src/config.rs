@@ -23,6 +23,18 @@ pub enum UpstreamKind {
     Sglang,
 }
 
+/// The datapool's name for the same kind (it records which kind served a step); the config
+/// keeps its own enum only because the CLI parses it.
+impl From<UpstreamKind> for clawback_datapool::UpstreamKind {
+    fn from(kind: UpstreamKind) -> Self {
+        match kind {
+            UpstreamKind::Openai => Self::Openai,
+            UpstreamKind::Vllm => Self::Vllm,
+            UpstreamKind::Sglang => Self::Sglang,
+        }
+    }
+}
+
 /// How a request picks among several healthy upstreams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -92,11 +92,7 @@ impl Pending {
         } = self;
         let upstream = UpstreamRef {
             name: upstream.to_owned(),
-            kind: match kind {
-                crate::config::UpstreamKind::Openai => clawback_datapool::UpstreamKind::Openai,
-                crate::config::UpstreamKind::Vllm => clawback_datapool::UpstreamKind::Vllm,
-                crate::config::UpstreamKind::Sglang => clawback_datapool::UpstreamKind::Sglang,
-            },
+            kind: kind.into(),
             model,
         };
         Tap {
