@@ -7,7 +7,8 @@
 //!    and records metrics when the response body is done;
 //! 3. **load shed** ([`crate::layers::load_shed`]) — API calls beyond `max_concurrent_requests` get 503
 //!    with `Retry-After` at once;
-//! 4. **handle** ([`Handler`]) — health, readiness and metrics are answered here; an API call
+//! 4. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
+//!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here; an API call
 //!    has its body read within the size and time limits, then is forwarded to a balanced
 //!    upstream ([`Forwarder`]) and its response relayed back frame by frame.
 
@@ -188,6 +189,8 @@ where
                         Err(e) => e.into_response(),
                     }
                 }
+                Route::Ui(asset) if app.config.admin.token.is_some() => crate::ui::serve(asset),
+                Route::Ui(_) => crate::handshake::HandshakeError::Disabled.into_response(),
                 Route::Api {
                     endpoint,
                     session,

@@ -5,7 +5,10 @@
 //! - `POST /trajectories/{id}/complete` `{tenant?, reward?, metadata?}`;
 //! - `POST /trajectories/{id}/feedback` `{tenant?, step?, reward?, hint?, label?}` (a thumb up or
 //!   down from a UI; `step` is a step id or a 0-based index);
-//! - `GET /trajectories/{id}?tenant=T`.
+//! - `GET /trajectories/{id}?tenant=T`;
+//! - read-only views for the trajectory viewer ([`crate::ui`]), in [`listing`]: `GET /tenants`
+//!   (with each tenant's live policy), `GET /trajectories?tenant=T&limit=N` (newest first),
+//!   `GET /tenants/{tenant}/rewards?limit=N` (rewards over time).
 //!
 //! Every route needs `Authorization: Bearer <admin.token>`; without a configured token the API is
 //! off. The caller is trusted across tenants, but ids are still looked up inside one tenant (the
@@ -28,6 +31,8 @@ use crate::app::App;
 use crate::body::ProxyBody;
 use crate::error::error_response;
 
+mod listing;
+
 /// The handshake routes, decided from the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -35,15 +40,30 @@ pub enum Route {
     Get(String),
     Complete(String),
     Feedback(String),
+    /// `GET /trajectories`: a tenant's newest trajectories.
+    List,
+    /// `GET /tenants`: every tenant with data, and its live policy.
+    Tenants,
+    /// `GET /tenants/{tenant}/rewards`: a tenant's rewards over time.
+    Rewards(String),
 }
 
 impl Route {
-    /// `None` when the path is not under `/trajectories`.
+    /// `None` when the path is not under `/trajectories` or `/tenants`.
     pub fn classify(method: &Method, path: &str) -> Option<Result<Self, ()>> {
+        if let Some(rest) = path.strip_prefix("/tenants") {
+            let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+            return Some(match (method, parts.as_slice()) {
+                (&Method::GET, []) => Ok(Self::Tenants),
+                (&Method::GET, [tenant, "rewards"]) => Ok(Self::Rewards((*tenant).to_owned())),
+                _ => Err(()),
+            });
+        }
         let rest = path.strip_prefix("/trajectories")?;
         let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
         Some(match (method, parts.as_slice()) {
             (&Method::POST, []) => Ok(Self::Create),
+            (&Method::GET, []) => Ok(Self::List),
             (&Method::GET, [id]) => Ok(Self::Get((*id).to_owned())),
             (&Method::POST, [id, "complete"]) => Ok(Self::Complete((*id).to_owned())),
             (&Method::POST, [id, "feedback"]) => Ok(Self::Feedback((*id).to_owned())),
@@ -154,7 +174,10 @@ pub async fn handle(
         let route = route.map_err(|()| HandshakeError::NoRoute(parts.uri.path().to_owned()))?;
         match route {
             Route::Create => create(app, parts, parse(&body)?),
-            Route::Get(id) => get(app, &id, query_tenant(parts)).await,
+            Route::Get(id) => get(app, &id, query_param(parts, "tenant")).await,
+            Route::List => listing::trajectories(app, parts).await,
+            Route::Tenants => listing::tenants(app).await,
+            Route::Rewards(tenant) => listing::rewards(app, &tenant, parts).await,
             Route::Complete(id) => complete(app, &id, parse(&body)?).await,
             Route::Feedback(id) => feedback(app, &id, parse(&body)?).await,
         }
@@ -190,11 +213,13 @@ fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, Hands
     serde_json::from_slice(body).map_err(|e| HandshakeError::BadBody(e.to_string()))
 }
 
-fn query_tenant(parts: &request::Parts) -> Option<String> {
+/// The raw value of query parameter `name`. Not percent-decoded: tenant ids and numbers never
+/// need it.
+fn query_param(parts: &request::Parts, name: &str) -> Option<String> {
     parts.uri.query().and_then(|q| {
         q.split('&')
             .filter_map(|pair| pair.split_once('='))
-            .find(|(k, _)| *k == "tenant")
+            .find(|(k, _)| *k == name)
             .map(|(_, v)| v.to_owned())
     })
 }
@@ -231,9 +256,15 @@ fn tenant_for(
 fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::full(body.to_string()));
     *response.status_mut() = status;
-    response.headers_mut().insert(
+    let headers = response.headers_mut();
+    headers.insert(
         header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
+    );
+    // Admin answers hold recorded conversations: no browser or proxy keeps a copy.
+    headers.insert(
+        header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
     );
     response
 }
@@ -457,5 +488,26 @@ mod tests {
             Some(Err(()))
         );
         assert_eq!(Route::classify(&Method::GET, "/v1/models"), None);
+    }
+
+    #[test]
+    fn the_viewers_read_routes_are_recognised() {
+        assert_eq!(
+            Route::classify(&Method::GET, "/trajectories"),
+            Some(Ok(Route::List))
+        );
+        assert_eq!(
+            Route::classify(&Method::GET, "/tenants"),
+            Some(Ok(Route::Tenants))
+        );
+        assert_eq!(
+            Route::classify(&Method::GET, "/tenants/acme/rewards"),
+            Some(Ok(Route::Rewards("acme".to_owned())))
+        );
+        assert_eq!(Route::classify(&Method::POST, "/tenants"), Some(Err(())));
+        assert_eq!(
+            Route::classify(&Method::GET, "/tenants/acme"),
+            Some(Err(()))
+        );
     }
 }

@@ -22,4 +22,5 @@ pub mod session;
 pub mod store;
 pub mod telemetry;
 pub mod tenant;
+pub mod ui;
 pub mod upstream;

@@ -82,6 +82,8 @@ pub enum Route {
     },
     /// The handshake API (`/trajectories...`); `Err` for a path under it that is no route.
     Handshake(Result<crate::handshake::Route, ()>),
+    /// The trajectory viewer's page and files (`/ui`).
+    Ui(crate::ui::Asset),
     NotFound,
 }
 
@@ -95,6 +97,9 @@ impl Route {
         }
         if let Some(handshake) = crate::handshake::Route::classify(method, path) {
             return Self::Handshake(handshake);
+        }
+        if let Some(asset) = crate::ui::Asset::classify(method, path) {
+            return Self::Ui(asset);
         }
         let (session, api_path) = match path.strip_prefix("/s/") {
             Some(rest) => {
@@ -130,6 +135,7 @@ impl Route {
             Self::Metrics => "metrics",
             Self::Api { endpoint, .. } => endpoint.label(),
             Self::Handshake(_) => "handshake",
+            Self::Ui(_) => "ui",
             Self::NotFound => "not_found",
         }
     }
