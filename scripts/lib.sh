@@ -47,3 +47,14 @@ ensure_sdks() {
         (cd "$ROOT/tests/sdk/node" && npm ci --no-audit --no-fund --loglevel=error)
     fi
 }
+
+# Debian's headless-capable Chromium, for the trajectory viewer's browser test (tests/tests/viewer.rs).
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1; then
+        export CLAWBACK_CHROMIUM="$(command -v chromium)"
+        return 0
+    fi
+    say "installing chromium (for the viewer's headless browser test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    export CLAWBACK_CHROMIUM="$(command -v chromium)"
+}
