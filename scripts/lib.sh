@@ -48,7 +48,7 @@ ensure_sdks() {
     fi
 }
 
-# Debian's headless-capable Chromium, for the trajectory viewer's browser test (tests/tests/viewer.rs).
+# Debian's headless-capable Chromium, for the trajectory viewer's browser test (tests/tests/sidecar/viewer.rs).
 ensure_chromium() {
     if command -v chromium >/dev/null 2>&1; then
         export CLAWBACK_CHROMIUM="$(command -v chromium)"

@@ -8,3 +8,4 @@ mod recording;
 mod redis;
 mod sdk;
 mod support;
+mod viewer;

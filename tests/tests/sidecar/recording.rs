@@ -3,9 +3,8 @@
 //! within their tenant.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clawback_datapool::{
     CompletionReason, Consumer, ConsumerName, ReadyItem, Store, TenantId, Tokens, TrajectoryRecord,
@@ -17,57 +16,10 @@ use clawback_tests::harness::{test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use serde_json::{json, Value};
 
-use crate::support::{assert_openai_error, client};
-
-const TOOLS: &str = r#"[{"type": "function", "function": {"name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]"#;
-
-fn tools() -> Value {
-    serde_json::from_str(TOOLS).unwrap_or_default()
-}
-
-fn first_turn() -> Vec<Value> {
-    vec![
-        json!({"role": "system", "content": "You are a weather assistant."}),
-        json!({"role": "user", "content": "What's the weather in Paris?"}),
-    ]
-}
-
-fn tool_result(call_id: &str) -> Value {
-    json!({"role": "tool", "tool_call_id": call_id, "content": "{\"temp_c\": 21, \"sky\": \"sunny\"}"})
-}
-
-fn store(sidecar: &Sidecar) -> Arc<dyn Store> {
-    Arc::clone(
-        sidecar
-            .app
-            .recorder
-            .as_ref()
-            .expect("recording is on")
-            .store(),
-    )
-}
+use crate::support::{assert_openai_error, client, first_turn, poll, store, tool_result, tools};
 
 fn tenant(name: &str) -> TenantId {
     TenantId::new(name).unwrap()
-}
-
-/// Polls `attempt` until it yields a value; panics naming `what` after ten seconds.
-async fn poll<T, F, Fut>(what: &str, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(value) = attempt().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 /// Every stored trajectory of `tenant` with its steps, oldest first.

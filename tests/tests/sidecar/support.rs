@@ -1,7 +1,12 @@
-//! What the tests share: an OpenClaw-like request and small client helpers.
+//! What the tests share: an OpenClaw-like request, the weather conversation, and small client
+//! and datapool helpers.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clawback_datapool::Store;
+use clawback_tests::harness::Sidecar;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
@@ -91,10 +96,7 @@ pub fn client() -> reqwest::Client {
 }
 
 /// A small chat call through `sidecar`, streamed or not.
-pub async fn post_chat(
-    sidecar: &clawback_tests::harness::Sidecar,
-    stream: bool,
-) -> reqwest::Response {
+pub async fn post_chat(sidecar: &Sidecar, stream: bool) -> reqwest::Response {
     client()
         .post(sidecar.url("/v1/chat/completions"))
         .json(&chat_request(stream))
@@ -146,4 +148,54 @@ pub fn assert_openai_error(body: &Value, code: &str) {
     );
     assert!(error["type"].is_string(), "{body}");
     assert_eq!(error["code"], code, "{body}");
+}
+
+// The weather conversation the recording and viewer tests replay: the tool offered, the first
+// turn, and the tool's result.
+const TOOLS: &str = r#"[{"type": "function", "function": {"name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]"#;
+
+pub fn tools() -> Value {
+    serde_json::from_str(TOOLS).unwrap_or_default()
+}
+
+pub fn first_turn() -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": "You are a weather assistant."}),
+        json!({"role": "user", "content": "What's the weather in Paris?"}),
+    ]
+}
+
+pub fn tool_result(call_id: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": call_id, "content": "{\"temp_c\": 21, \"sky\": \"sunny\"}"})
+}
+
+/// The datapool `sidecar` records into.
+pub fn store(sidecar: &Sidecar) -> Arc<dyn Store> {
+    Arc::clone(
+        sidecar
+            .app
+            .recorder
+            .as_ref()
+            .expect("recording is on")
+            .store(),
+    )
+}
+
+/// Polls `attempt` until it yields a value; panics naming `what` after ten seconds.
+pub async fn poll<T, F, Fut>(what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(value) = attempt().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }

@@ -6,78 +6,25 @@
 //! Chromium is Debian's `chromium`, installed by `scripts/test` (`ensure_chromium` in
 //! `scripts/lib.sh`); `CLAWBACK_CHROMIUM` overrides its path.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clawback_datapool::{
-    PolicyVersion, Store, TenantId, Tokens, TrajectoryRecord, TrajectoryStatus, UnixMs,
-    SCHEMA_VERSION,
+    PolicyVersion, TenantId, Tokens, TrajectoryRecord, TrajectoryStatus, UnixMs, SCHEMA_VERSION,
 };
 use clawback_tests::harness::{repo_root, scratch_dir, test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use serde_json::{json, Value};
 
+use crate::support::{client, first_turn, poll, store, tool_result, tools};
+
 const ADMIN: &str = "viewer-admin-secret";
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const HINT: &str = "Ask which unit the user wants before calling get_weather.";
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client builds")
-}
-
-fn tools() -> Value {
-    json!([{"type": "function", "function": {"name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]}}}])
-}
-
-fn first_turn() -> Vec<Value> {
-    vec![
-        json!({"role": "system", "content": "You are a weather assistant."}),
-        json!({"role": "user", "content": "What's the weather in Paris?"}),
-    ]
-}
-
-fn tool_result(call_id: &str) -> Value {
-    json!({"role": "tool", "tool_call_id": call_id,
-           "content": "{\"temp_c\": 21, \"sky\": \"sunny\"}"})
-}
-
 fn default_tenant() -> TenantId {
     TenantId::new("default").expect("valid tenant")
-}
-
-fn store(sidecar: &Sidecar) -> Arc<dyn Store> {
-    Arc::clone(
-        sidecar
-            .app
-            .recorder
-            .as_ref()
-            .expect("recording is on")
-            .store(),
-    )
-}
-
-/// Polls `attempt` until it yields a value; panics naming `what` after ten seconds.
-async fn poll<T, F, Fut>(what: &str, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(value) = attempt().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 /// One non-streamed chat call of session `session`; returns the assistant message.
@@ -221,11 +168,25 @@ async fn the_admin_api_lists_tenants_trajectories_and_rewards_for_the_viewer() {
             "live_since": tenants["tenants"][0]["policy"]["live_since"]}}])
     );
 
-    let listed = admin_get(sidecar, "/trajectories?tenant=default&limit=10").await;
+    // A session still talking is listed first (newest), live; the finished one after it.
+    chat(sidecar, "still-talking", false, &first_turn()).await;
+    let listed = poll("the live session listed", || async {
+        let listed = admin_get(sidecar, "/trajectories?tenant=default&limit=10").await;
+        (listed["trajectories"].as_array().map(Vec::len) == Some(2)).then_some(listed)
+    })
+    .await;
     assert_eq!(listed["complete"], true);
-    assert_eq!(listed["trajectories"][0]["id"], json!(id));
-    assert_eq!(listed["trajectories"][0]["status"], "completed");
-    assert_eq!(listed["trajectories"][0]["live"], false);
+    let (newest, finished) = (&listed["trajectories"][0], &listed["trajectories"][1]);
+    assert_eq!(newest["metadata"]["session"], "still-talking");
+    assert_eq!(
+        (&newest["status"], &newest["live"]),
+        (&json!("open"), &json!(true))
+    );
+    assert_eq!(finished["id"], json!(id));
+    assert_eq!(
+        (&finished["status"], &finished["live"]),
+        (&json!("completed"), &json!(false))
+    );
 
     let rewards = admin_get(sidecar, "/tenants/default/rewards").await;
     let points = rewards["points"].as_array().expect("points");
@@ -465,6 +426,19 @@ async fn the_viewer_shows_a_recorded_trajectory_in_headless_chromium() {
     .await;
     assert_is_png(&screenshot);
     println!("viewer screenshot: {}", screenshot.display());
+}
+
+#[tokio::test]
+async fn the_viewer_asks_for_the_token_again_when_the_one_it_has_is_refused() {
+    let scene = scene().await;
+    let url = scene.sidecar.url("/ui#token=not-the-admin-token");
+
+    let dom = headless_chromium(&url, &["--dump-dom".to_owned()]).await;
+
+    assert!(dom.contains("<form id=\"login\" class=\"login\">"), "{dom}");
+    assert!(dom.contains("<main id=\"main\" hidden=\"\">"), "{dom}");
+    assert!(dom.contains("the admin token was refused"), "{dom}");
+    assert!(!dom.contains("What's the weather in Paris?"), "{dom}");
 }
 
 fn assert_is_png(path: &Path) {
