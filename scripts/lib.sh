@@ -48,7 +48,7 @@ ensure_sdks() {
     fi
 }
 
-# Debian's headless-capable Chromium, for the trajectory viewer's browser test (tests/tests/sidecar/viewer.rs).
+# Debian's Chromium, run headless by the trajectory viewer's test (tests/tests/sidecar/viewer.rs).
 ensure_chromium() {
     if command -v chromium >/dev/null 2>&1; then
         export CLAWBACK_CHROMIUM="$(command -v chromium)"

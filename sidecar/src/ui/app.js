@@ -335,7 +335,7 @@ function tokens(step) {
 function evaluation(e) {
   const source = e.source.type === 'plugin'
     ? `plugin ${e.source.name} (${String(e.source.content_hash).slice(0, 12)})`
-    : `feedback · ${e.source.channel}`;
+    : e.source.channel === 'feedback' ? 'feedback' : `feedback via ${e.source.channel}`;
   const labels = Object.entries(e.labels || {}).map(([k, v]) => `${k}=${v}`).join(' ');
   if (e.kind === 'filter_error') {
     return el('div', { class: 'evaluation' },
