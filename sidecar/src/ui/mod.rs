@@ -10,6 +10,8 @@
 //! - the token is typed into the page's form, or handed over in the URL *fragment*
 //!   (`/ui#token=...`), which browsers never send to a server; the script moves it into
 //!   `sessionStorage` (gone when the tab closes) and removes it from the address bar at once.
+//!   A browser may still remember the first URL in its history, so the fragment is for links
+//!   and automation (the tests); people should use the form.
 //!
 //! Recorded conversations are untrusted text: the script only ever inserts them as text nodes,
 //! and the Content-Security-Policy below allows no inline script, no other origin and no framing,
