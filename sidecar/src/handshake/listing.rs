@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use clawback_datapool::{
-    EvaluationSource, Trajectory, TrajectoryId, TrajectoryRecord, UnixMs, Verdict,
+    EvaluationSource, Store, TenantId, Trajectory, TrajectoryId, TrajectoryRecord, UnixMs, Verdict,
 };
 use http::{request, Response, StatusCode};
 use serde::Serialize;
@@ -45,12 +45,10 @@ fn limit(parts: &request::Parts, default: usize, max: usize) -> Result<usize, Ha
 /// The newest `keep` trajectory headers of `tenant`, newest first, and whether the scan reached
 /// the end of the tenant's trajectories.
 async fn newest(
-    app: &App,
-    tenant: &clawback_datapool::TenantId,
+    store: &dyn Store,
+    tenant: &TenantId,
     keep: usize,
 ) -> Result<(Vec<Trajectory>, bool), HandshakeError> {
-    let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
-    let store = recorder.store();
     let mut tail: VecDeque<Trajectory> = VecDeque::with_capacity(keep + 1);
     let mut after: Option<TrajectoryId> = None;
     let mut scanned = 0;
@@ -123,7 +121,7 @@ pub(super) async fn trajectories(
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let tenant = named_tenant(app, query_param(parts, "tenant"))?;
     let keep = limit(parts, LIST_DEFAULT, LIST_MAX)?;
-    let (headers, complete) = newest(app, &tenant, keep).await?;
+    let (headers, complete) = newest(recorder.store().as_ref(), &tenant, keep).await?;
     let listed: Vec<Listed> = headers
         .into_iter()
         .map(|trajectory| Listed {
@@ -188,7 +186,7 @@ pub(super) async fn rewards(
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let tenant = named_tenant(app, Some(raw_tenant.to_owned()))?;
     let keep = limit(parts, REWARDS_DEFAULT, REWARDS_MAX)?;
-    let (headers, _) = newest(app, &tenant, keep).await?;
+    let (headers, _) = newest(recorder.store().as_ref(), &tenant, keep).await?;
     let mut points = Vec::new();
     for header in &headers {
         if let Some(record) = recorder.store().trajectory(&tenant, &header.id).await? {
@@ -202,4 +200,39 @@ pub(super) async fn rewards(
         "points": points,
     });
     Ok(json_response(StatusCode::OK, &body))
+}
+
+#[cfg(test)]
+mod tests {
+    use clawback_datapool::LocalStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_newest_trajectories_are_found_across_pages_newest_first() {
+        let dir = std::env::temp_dir().join(format!("clawback-listing-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let store = LocalStore::open(dir.join("store.sqlite3")).unwrap_or_else(|e| panic!("{e}"));
+        let tenant = TenantId::new("acme").unwrap_or_else(|e| panic!("{e}"));
+        let mut ids = Vec::new();
+        for _ in 0..(2 * PAGE + 3) {
+            let trajectory = Trajectory::open(tenant.clone(), TrajectoryId::new());
+            ids.push(trajectory.id);
+            store
+                .upsert_trajectory(&trajectory)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+
+        let (newest, complete) = newest(&store, &tenant, 4)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+
+        let listed: Vec<TrajectoryId> = newest.iter().map(|t| t.id).collect();
+        let expected: Vec<TrajectoryId> = ids.iter().rev().take(4).copied().collect();
+        assert_eq!(listed, expected);
+        assert!(complete);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
