@@ -114,7 +114,7 @@ impl App {
         let adapter = loaded.map_err(|source| ServeError::AdapterLoad {
             name: name.clone(),
             path: path.display().to_string(),
-            source,
+            source: Box::new(source),
         })?;
         let (reply, done) = oneshot::channel();
         self.send(Command::AddAdapter {
@@ -141,7 +141,7 @@ impl App {
         let loaded = tokio::task::spawn_blocking(move || -> Result<Model, ServeError> {
             let weights_error = |source: ModelError| ServeError::WeightsLoad {
                 path: dir.display().to_string(),
-                source,
+                source: Box::new(source),
             };
             let config = ModelConfig::from_dir(&dir).map_err(|e| weights_error(e.into()))?;
             if config != app.config {

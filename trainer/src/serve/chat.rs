@@ -17,7 +17,7 @@ use super::engine::SampledToken;
 use super::error::ServeError;
 use super::http::{json_response, sse_response, Reply, SseSender};
 use super::protocol::{self, ChatRequest, Checked, StreamOptions};
-use super::reply::{self, Finish, Generation};
+use super::reply::{self, Chunk, Chunker, Finish, Generation};
 use super::shapes;
 use super::tool_calls::{self, ToolCall, ToolCalls};
 
@@ -168,66 +168,58 @@ impl Call {
     ) -> Result<bool, ServeError> {
         let mut text = reply::text_stream(&self.app, &self.checked);
         let mut visible = Visible::new(self.request.parses_tool_calls());
-        // The last token's chunk waits for the next event, so that the finish reason rides
-        // on it as in vLLM rather than on a chunk of its own.
-        let mut held: Option<(SampledToken, String)> = None;
+        let mut chunker = Chunker::default();
         let mut count = 0;
-        while let Some(update) = generation.next(&mut text).await? {
+        while let Some(mut update) = generation.next(&mut text).await? {
             count += usize::from(update.token.is_some());
-            let shown = visible.push(&update.text);
-            let Some(finish) = update.finish else {
-                if let Some(token) = update.token {
-                    if let Some((token, shown)) = held.replace((token, shown)) {
-                        let chunk = self.token_chunk(json!({"content": shown}), &[token], None);
-                        if !sse.data(&chunk).await {
-                            return Ok(false);
+            update.text = visible.push(&update.text);
+            let chunk = match chunker.take(update) {
+                None => continue,
+                Some(Chunk::Token(token, shown)) => {
+                    self.token_chunk(json!({ "content": shown }), &[token], None)
+                }
+                Some(Chunk::Last(tokens, mut content, finish)) => {
+                    let (rest, calls) = visible.finish();
+                    content.push_str(&rest);
+                    let (delta, finish) = match calls {
+                        Some(parsed) => {
+                            let mut delta = json!({});
+                            if !content.is_empty() {
+                                delta["content"] = json!(content);
+                            }
+                            let calls = self.with_ids(parsed.calls);
+                            delta["tool_calls"] = shapes::tool_calls(&calls, true);
+                            let finish = Finish {
+                                reason: "tool_calls",
+                                ..finish
+                            };
+                            (delta, finish)
                         }
-                    }
-                }
-                continue;
-            };
-            let mut tokens = Vec::new();
-            let mut content = String::new();
-            if let Some((token, shown)) = held.take() {
-                tokens.push(token);
-                content.push_str(&shown);
-            }
-            tokens.extend(update.token);
-            content.push_str(&shown);
-            let (rest, calls) = visible.finish();
-            content.push_str(&rest);
-            let (delta, finish) = match calls {
-                Some(parsed) => {
-                    let mut delta = json!({});
-                    if !content.is_empty() {
-                        delta["content"] = json!(content);
-                    }
-                    delta["tool_calls"] = shapes::tool_calls(&self.with_ids(parsed.calls), true);
-                    let finish = Finish {
-                        reason: "tool_calls",
-                        ..finish
+                        None => (json!({ "content": content }), finish),
                     };
-                    (delta, finish)
+                    if !sse
+                        .data(&self.token_chunk(delta, &tokens, Some(&finish)))
+                        .await
+                    {
+                        return Ok(false);
+                    }
+                    if !StreamOptions::wants_usage(&self.request.stream_options) {
+                        return Ok(true);
+                    }
+                    let usage = shapes::usage_chunk(
+                        &self.id,
+                        "chat.completion.chunk",
+                        self.created,
+                        &self.model,
+                        generation.prompt.len(),
+                        count,
+                    );
+                    return Ok(sse.data(&usage).await);
                 }
-                None => (json!({ "content": content }), finish),
             };
-            if !sse
-                .data(&self.token_chunk(delta, &tokens, Some(&finish)))
-                .await
-            {
+            if !sse.data(&chunk).await {
                 return Ok(false);
             }
-            if StreamOptions::wants_usage(&self.request.stream_options) {
-                let usage = json!({
-                    "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.model, "choices": [],
-                    "usage": shapes::usage(generation.prompt.len(), count, false)
-                });
-                if !sse.data(&usage).await {
-                    return Ok(false);
-                }
-            }
-            return Ok(true);
         }
         Err(ServeError::WorkerGone)
     }

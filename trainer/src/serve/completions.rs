@@ -11,7 +11,7 @@ use super::engine::SampledToken;
 use super::error::ServeError;
 use super::http::{json_response, sse_response, Reply, SseSender};
 use super::protocol::{self, Checked, CompletionRequest, Prompt, StreamOptions};
-use super::reply::{self, Finish, Generation};
+use super::reply::{self, Chunk, Chunker, Finish, Generation};
 use super::shapes;
 
 pub async fn handle(app: Arc<App>, body: &[u8]) -> Reply {
@@ -145,50 +145,39 @@ impl Call {
         sse: &SseSender,
     ) -> Result<bool, ServeError> {
         let mut text = reply::text_stream(&self.app, &self.checked);
-        let mut held: Option<(SampledToken, String)> = None;
+        let mut chunker = Chunker::default();
         let mut offset = 0;
         let mut count = 0;
         let mut first = true;
         while let Some(update) = generation.next(&mut text).await? {
             count += usize::from(update.token.is_some());
-            let Some(finish) = update.finish else {
-                if let Some(token) = update.token {
-                    if let Some((token, shown)) = held.replace((token, update.text)) {
-                        let prompt = first.then_some(generation.prompt.as_slice());
-                        let chunk = self.chunk(&shown, &[token], offset, None, prompt);
-                        first = false;
-                        offset += shown.len();
-                        if !sse.data(&chunk).await {
-                            return Ok(false);
-                        }
-                    }
-                }
-                continue;
+            let (tokens, shown, finish) = match chunker.take(update) {
+                None => continue,
+                Some(Chunk::Token(token, shown)) => (vec![token], shown, None),
+                Some(Chunk::Last(tokens, shown, finish)) => (tokens, shown, Some(finish)),
             };
-            let mut tokens = Vec::new();
-            let mut shown = String::new();
-            if let Some((token, text)) = held.take() {
-                tokens.push(token);
-                shown.push_str(&text);
-            }
-            tokens.extend(update.token);
-            shown.push_str(&update.text);
             let prompt = first.then_some(generation.prompt.as_slice());
-            let chunk = self.chunk(&shown, &tokens, offset, Some(&finish), prompt);
+            first = false;
+            let chunk = self.chunk(&shown, &tokens, offset, finish.as_ref(), prompt);
+            offset += shown.len();
             if !sse.data(&chunk).await {
                 return Ok(false);
             }
-            if StreamOptions::wants_usage(&self.request.stream_options) {
-                let usage = json!({
-                    "id": self.id, "object": "text_completion", "created": self.created,
-                    "model": self.model, "choices": [],
-                    "usage": shapes::usage(generation.prompt.len(), count, false)
-                });
-                if !sse.data(&usage).await {
-                    return Ok(false);
-                }
+            if finish.is_none() {
+                continue;
             }
-            return Ok(true);
+            if !StreamOptions::wants_usage(&self.request.stream_options) {
+                return Ok(true);
+            }
+            let usage = shapes::usage_chunk(
+                &self.id,
+                "text_completion",
+                self.created,
+                &self.model,
+                generation.prompt.len(),
+                count,
+            );
+            return Ok(sse.data(&usage).await);
         }
         Err(ServeError::WorkerGone)
     }

@@ -26,13 +26,13 @@ pub enum ServeError {
         name: String,
         path: String,
         #[source]
-        source: LoraError,
+        source: Box<LoraError>,
     },
     #[error("cannot load model weights from {path}: {source}")]
     WeightsLoad {
         path: String,
         #[source]
-        source: ModelError,
+        source: Box<ModelError>,
     },
     #[error("the weights in {path} do not fit the served model: {detail}")]
     IncompatibleWeights { path: String, detail: String },

@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use crate::chat_template::ChatTemplate;
 use crate::config::ModelConfig;
-use crate::model::{Model, Placement};
+use crate::model::{Model, ModelError, Placement};
 use crate::tokenizer::Tokenizer;
 
 pub use error::ServeError;
@@ -76,9 +76,9 @@ impl Server {
         let base_name = served_model_name.unwrap_or_else(|| model.display().to_string());
         let dir = model.clone();
         let loaded = tokio::task::spawn_blocking(move || {
-            let weights_error = |source| ServeError::WeightsLoad {
+            let weights_error = |source: ModelError| ServeError::WeightsLoad {
                 path: dir.display().to_string(),
-                source,
+                source: Box::new(source),
             };
             let config = ModelConfig::from_dir(&dir).map_err(|e| weights_error(e.into()))?;
             let net = Model::load(&dir, placement).map_err(weights_error)?;

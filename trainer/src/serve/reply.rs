@@ -159,3 +159,37 @@ pub fn text_stream<'a>(app: &'a App, checked: &'a Checked) -> TextStream<'a> {
         checked.include_stop,
     )
 }
+
+/// What a stream sends next: one token with its text, or the last tokens with the finish.
+#[derive(Debug)]
+pub enum Chunk {
+    Token(SampledToken, String),
+    Last(Vec<SampledToken>, String, Finish),
+}
+
+/// Pairs each token with its text for a stream, holding the latest one back until the next
+/// update, so that the finish reason rides on the last token's chunk (as in vLLM) rather than
+/// on a chunk of its own.
+#[derive(Debug, Default)]
+pub struct Chunker {
+    held: Option<(SampledToken, String)>,
+}
+
+impl Chunker {
+    pub fn take(&mut self, update: Update) -> Option<Chunk> {
+        let Some(finish) = update.finish else {
+            let token = update.token?;
+            return self
+                .held
+                .replace((token, update.text))
+                .map(|(token, text)| Chunk::Token(token, text));
+        };
+        let (mut tokens, mut text) = match self.held.take() {
+            Some((token, text)) => (vec![token], text),
+            None => (Vec::new(), String::new()),
+        };
+        tokens.extend(update.token);
+        text.push_str(&update.text);
+        Some(Chunk::Last(tokens, text, finish))
+    }
+}

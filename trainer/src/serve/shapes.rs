@@ -36,6 +36,19 @@ pub fn usage(prompt: usize, completion: usize, with_details: bool) -> Value {
     usage
 }
 
+/// The closing chunk of a stream with `stream_options.include_usage`.
+pub fn usage_chunk(
+    id: &str,
+    object: &str,
+    created: u64,
+    model: &str,
+    prompt: usize,
+    completion: usize,
+) -> Value {
+    json!({"id": id, "object": object, "created": created, "model": model, "choices": [],
+           "usage": usage(prompt, completion, false)})
+}
+
 fn ids(tokens: &[SampledToken]) -> Value {
     json!(tokens.iter().map(|t| t.id).collect::<Vec<_>>())
 }
