@@ -276,3 +276,40 @@ impl Visible {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Visible;
+
+    #[test]
+    fn a_stream_shows_the_text_before_a_tool_call_and_hands_over_the_call_at_the_end() {
+        let mut visible = Visible::new(true);
+        let pieces = [
+            "Checking",
+            " <",
+            "tool",
+            "_call>\n{\"name\": \"get_weather\", ",
+            "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        ];
+        let shown: Vec<String> = pieces.iter().map(|p| visible.push(p)).collect();
+        assert_eq!(shown, ["Checking", " ", "", "", ""]);
+        let (rest, calls) = visible.finish();
+        assert_eq!(rest, "");
+        let calls = calls.unwrap();
+        assert_eq!(calls.content.as_deref(), Some("Checking "));
+        assert_eq!(calls.calls[0].name, "get_weather");
+        assert_eq!(calls.calls[0].arguments, r#"{"city": "Oslo"}"#);
+    }
+
+    #[test]
+    fn what_only_looked_like_a_tag_is_shown_at_the_end_and_without_tools_nothing_waits() {
+        let mut visible = Visible::new(true);
+        assert_eq!(visible.push("a <"), "a ");
+        assert_eq!(visible.push("tool"), "");
+        assert_eq!(visible.finish(), ("<tool".to_owned(), None));
+
+        let mut plain = Visible::new(false);
+        assert_eq!(plain.push("<tool_call>{}"), "<tool_call>{}");
+        assert_eq!(plain.finish(), (String::new(), None));
+    }
+}
