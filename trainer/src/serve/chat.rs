@@ -28,8 +28,9 @@ pub async fn handle(app: Arc<App>, body: &[u8]) -> Reply {
         .or(request.sampling.max_tokens);
     let checked = request.sampling.check(max_tokens)?;
     let top_logprobs = request.top_logprobs()?;
+    let messages = string_contents(&request.messages)?;
     let prompt_text = app.template.render(ChatInput {
-        messages: &request.messages,
+        messages: &messages,
         tools: request.tools.as_deref(),
         add_generation_prompt: request.add_generation_prompt,
         extra: request.chat_template_kwargs.as_ref(),
@@ -225,6 +226,35 @@ impl Call {
     }
 }
 
+/// The messages with content given as text parts joined into one string (with "\n"), as
+/// vLLM hands them to templates that print `message.content` (Qwen's and Llama's do).
+/// Parts other than text (images, audio) are refused: the served models read text only.
+fn string_contents(messages: &[Value]) -> Result<Vec<Value>, ServeError> {
+    messages
+        .iter()
+        .map(|message| {
+            let Some(parts) = message.get("content").and_then(Value::as_array) else {
+                return Ok(message.clone());
+            };
+            let texts = parts
+                .iter()
+                .map(
+                    |part| match (part["type"].as_str(), part["text"].as_str()) {
+                        (Some("text"), Some(text)) => Ok(text),
+                        _ => Err(ServeError::BadRequest(format!(
+                            "only text content parts are supported, got {}",
+                            part["type"]
+                        ))),
+                    },
+                )
+                .collect::<Result<Vec<&str>, _>>()?;
+            let mut flat = message.clone();
+            flat["content"] = json!(texts.join("\n"));
+            Ok(flat)
+        })
+        .collect()
+}
+
 /// The content a stream may show so far: all of it, or, when tools are offered, what comes
 /// before the first `<tool_call>` (and not what might be the beginning of one).
 struct Visible {
@@ -279,7 +309,25 @@ impl Visible {
 
 #[cfg(test)]
 mod tests {
-    use super::Visible;
+    use serde_json::json;
+
+    use super::{string_contents, Visible};
+
+    #[test]
+    fn text_parts_become_one_string_and_other_parts_are_refused() {
+        let messages = [
+            json!({"role": "system", "content": "plain"}),
+            json!({"role": "user", "content": [{"type": "text", "text": "a"},
+                                               {"type": "text", "text": "b"}]}),
+        ];
+        let flat = string_contents(&messages).unwrap();
+        assert_eq!(flat[0], messages[0]);
+        assert_eq!(flat[1], json!({"role": "user", "content": "a\nb"}));
+        let image = [json!({"role": "user", "content": [{"type": "image_url",
+                                                        "image_url": {"url": "x"}}]})];
+        let error = string_contents(&image).unwrap_err();
+        assert!(error.to_string().contains("image_url"), "{error}");
+    }
 
     #[test]
     fn a_stream_shows_the_text_before_a_tool_call_and_hands_over_the_call_at_the_end() {
