@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use clawback_trainer::config::ModelConfig;
 use clawback_trainer::lora::{LoraAdapter, LoraConfig};
@@ -19,6 +20,16 @@ pub const BASE: &str = "tiny-qwen";
 pub const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 pub const EOS_ID: i64 = 258;
 pub const VOCAB: i64 = 261;
+
+/// torch's generator is global and the tests run in parallel: whoever seeds it draws alone,
+/// so that a seed always gives the same weights.
+static TORCH_RNG: Mutex<()> = Mutex::new(());
+
+fn torch_rng() -> std::sync::MutexGuard<'static, ()> {
+    TORCH_RNG
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// A fresh folder under cargo's per-test-target temp dir.
 pub fn temp_dir(name: &str) -> PathBuf {
@@ -43,6 +54,7 @@ pub fn write_model(dir: &Path, seed: i64, layers: i64) {
     let config_text = config_json(layers).to_string();
     std::fs::write(dir.join("config.json"), &config_text).unwrap();
     let config = ModelConfig::from_json(&config_text).unwrap();
+    let _rng = torch_rng();
     tch::manual_seed(seed);
     // Wider than transformers' 0.02: a random model then has preferences, so greedy
     // outputs differ between weights and adapters.
@@ -133,6 +145,7 @@ fn write_tokenizer(dir: &Path) {
 /// changes the model's outputs (a fresh adapter's B is zero).
 pub fn write_adapter(model_dir: &Path, dir: &Path, seed: i64, rank: i64) {
     let config = ModelConfig::from_dir(model_dir).unwrap();
+    let _rng = torch_rng();
     tch::manual_seed(seed);
     let lora = LoraConfig {
         rank,
