@@ -17,6 +17,7 @@ mod safetensors_io;
 pub mod samples;
 pub mod schedule;
 pub mod scoring;
+pub mod serve;
 #[cfg(test)]
 mod test_support;
 pub mod tokenizer;

@@ -1,6 +1,8 @@
 //! `clawback-trainer`: the trainer's command line. `bench` measures training throughput;
-//! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message.
+//! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message;
+//! `serve` answers OpenAI-compatible HTTP requests with it.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -10,6 +12,7 @@ use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
 use clawback_trainer::generate::{generate, SamplingParams};
 use clawback_trainer::lora::{LoraAdapter, LoraConfig};
 use clawback_trainer::model::{Model, Placement};
+use clawback_trainer::serve::{ServeOptions, Server};
 use clawback_trainer::tokenizer::Tokenizer;
 
 #[derive(Parser)]
@@ -81,6 +84,40 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: Placement,
     },
+    /// Serves a model folder over an OpenAI-compatible HTTP API in vLLM's shapes, with
+    /// runtime LoRA loading (vLLM's endpoints) and full-weight updates (SGLang's).
+    Serve {
+        /// An HF folder: config.json, safetensors, tokenizer.json, tokenizer_config.json.
+        #[arg(long)]
+        model: PathBuf,
+        /// A PEFT adapter to serve from the start, as NAME=DIR (repeatable).
+        #[arg(long = "adapter", value_parser = parse_adapter)]
+        adapters: Vec<(String, PathBuf)>,
+        /// The base model's name in requests and /v1/models (default: the --model path).
+        #[arg(long)]
+        served_model_name: Option<String>,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: IpAddr,
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        #[arg(long, default_value = "auto")]
+        device: Placement,
+        /// Sequences decoded at once (one token each per round); later requests queue.
+        #[arg(long, default_value_t = 16)]
+        max_num_seqs: usize,
+        /// CPU threads for libtorch (default: its own choice).
+        #[arg(long)]
+        threads: Option<i32>,
+    },
+}
+
+fn parse_adapter(arg: &str) -> Result<(String, PathBuf), String> {
+    match arg.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+            Ok((name.to_owned(), PathBuf::from(dir)))
+        }
+        _ => Err(format!("expected NAME=DIR, got {arg:?}")),
+    }
 }
 
 fn main() -> Result<()> {
@@ -200,6 +237,43 @@ fn main() -> Result<()> {
             };
             let out = generate(&net, adapter.as_ref(), &ids, &params)?;
             println!("{}", tokenizer.decode(&out.token_ids, true)?);
+        }
+        Command::Serve {
+            model,
+            adapters,
+            served_model_name,
+            host,
+            port,
+            device,
+            max_num_seqs,
+            threads,
+        } => {
+            if let Some(threads) = threads {
+                tch::set_num_threads(threads);
+            }
+            let options = ServeOptions {
+                model,
+                served_model_name,
+                adapters,
+                placement: device,
+                max_num_seqs,
+                addr: SocketAddr::new(host, port),
+            };
+            let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+            runtime.block_on(async {
+                let server = Server::start(options).await?;
+                // Tests and scripts read the bound address (port 0 picks one) from this line.
+                println!(
+                    "clawback-trainer serve: listening on http://{}",
+                    server.addr()
+                );
+                tokio::signal::ctrl_c()
+                    .await
+                    .context("waiting for ctrl-c")?;
+                server.stop();
+                server.finished().await;
+                anyhow::Ok(())
+            })?;
         }
     }
     Ok(())

@@ -1,0 +1,87 @@
+//! Everything `serve` can refuse or fail at, and the one mapping of those failures to an HTTP
+//! status and vLLM's error body (`{"error": {"message", "type", "param", "code"}}`).
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::chat_template::TemplateError;
+use crate::lora::LoraError;
+use crate::model::ModelError;
+use crate::tokenizer::TokenizerError;
+
+/// What went wrong serving a request, loading a model or swapping weights.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A request the server cannot honour as sent (vLLM's `BadRequestError`).
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    #[error("The lora adapter '{0}' cannot be found.")]
+    AdapterNotFound(String),
+    #[error("The lora adapter '{0}' has already been loaded.")]
+    AdapterExists(String),
+    #[error("cannot load LoRA adapter '{name}' from {path}: {source}")]
+    AdapterLoad {
+        name: String,
+        path: String,
+        #[source]
+        source: Box<LoraError>,
+    },
+    #[error("cannot load model weights from {path}: {source}")]
+    WeightsLoad {
+        path: String,
+        #[source]
+        source: Box<ModelError>,
+    },
+    #[error("the weights in {path} do not fit the served model: {detail}")]
+    IncompatibleWeights { path: String, detail: String },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("generation failed: {0}")]
+    Generation(String),
+    #[error("the model worker has stopped")]
+    WorkerGone,
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ServeError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_)
+            | Self::AdapterExists(_)
+            | Self::AdapterLoad { .. }
+            | Self::WeightsLoad { .. }
+            | Self::IncompatibleWeights { .. }
+            | Self::Template(_)
+            | Self::Tokenizer(_) => StatusCode::BAD_REQUEST,
+            Self::ModelNotFound(_) | Self::AdapterNotFound(_) => StatusCode::NOT_FOUND,
+            Self::Generation(_) | Self::WorkerGone | Self::Bind { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// vLLM's body for this error (`ErrorResponse`, nested form).
+    pub fn body(&self) -> Value {
+        let status = self.status();
+        let kind = match status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            _ => "InternalServerError",
+        };
+        let param = match self {
+            Self::ModelNotFound(_) => json!("model"),
+            _ => Value::Null,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param,
+                         "code": status.as_u16()}})
+    }
+}

@@ -1,0 +1,118 @@
+//! `clawback-trainer serve`: an OpenAI-compatible reference backend over the trainer's own
+//! model code, for CPU tests and demos. It answers in vLLM's (≈0.11) JSON and SSE shapes —
+//! `return_token_ids`, logprobs, usage, tool calls as vLLM's hermes parser returns them —
+//! and hot-swaps LoRA adapters (vLLM's endpoints) and full weights (SGLang's), so that the
+//! sidecar and the trainer's publishing can be exercised end to end without a GPU engine.
+//!
+//! | file | job |
+//! |---|---|
+//! | `http.rs` | accept loop, routes, bodies, error → response |
+//! | `chat.rs`, `completions.rs` | the two generation endpoints, whole and streamed |
+//! | `admin.rs` | `/v1/models`, adapter load/unload, weight updates |
+//! | `protocol.rs` | request bodies and their checks |
+//! | `reply.rs` | prompt → worker job → text pieces and finish |
+//! | `text.rs` | incremental detokenisation and stop strings |
+//! | `tool_calls.rs` | hermes-style `<tool_call>` parsing |
+//! | `shapes.rs` | vLLM's response shapes |
+//! | `app.rs` | shared state and the client side of the worker |
+//! | `engine.rs` | the model worker thread: admission, interleaved decoding, swaps |
+//! | `error.rs` | `ServeError` and its HTTP mapping |
+
+mod admin;
+mod app;
+mod chat;
+mod completions;
+mod engine;
+mod error;
+mod http;
+mod protocol;
+mod reply;
+mod shapes;
+mod text;
+mod tool_calls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::chat_template::ChatTemplate;
+use crate::config::ModelConfig;
+use crate::model::{Model, ModelError, Placement};
+use crate::tokenizer::Tokenizer;
+
+pub use error::ServeError;
+
+/// What to serve and where.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// An HF folder: config.json, safetensors, tokenizer.json, tokenizer_config.json.
+    pub model: PathBuf,
+    /// The name requests use for the base model; vLLM's default is the path as given.
+    pub served_model_name: Option<String>,
+    /// LoRA adapters to load at start, by name.
+    pub adapters: Vec<(String, PathBuf)>,
+    pub placement: Placement,
+    /// Sequences decoded at once; later requests wait their turn.
+    pub max_num_seqs: usize,
+    pub addr: SocketAddr,
+}
+
+/// A running server.
+pub struct Server {
+    listening: http::Listening,
+}
+
+impl Server {
+    /// Loads the model, starts its worker thread, loads the start-up adapters and listens.
+    pub async fn start(options: ServeOptions) -> Result<Server, ServeError> {
+        let ServeOptions {
+            model,
+            served_model_name,
+            adapters,
+            placement,
+            max_num_seqs,
+            addr,
+        } = options;
+        let base_name = served_model_name.unwrap_or_else(|| model.display().to_string());
+        let dir = model.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let weights_error = |source: ModelError| ServeError::WeightsLoad {
+                path: dir.display().to_string(),
+                source: Box::new(source),
+            };
+            let config = ModelConfig::from_dir(&dir).map_err(|e| weights_error(e.into()))?;
+            let net = Model::load(&dir, placement).map_err(weights_error)?;
+            let tokenizer = Tokenizer::from_dir(&dir)?;
+            let template = ChatTemplate::from_dir(&dir)?;
+            Ok::<_, ServeError>((config, net, tokenizer, template))
+        })
+        .await
+        .map_err(|e| ServeError::Generation(format!("model loading panicked: {e}")))?;
+        let (config, net, tokenizer, template) = loaded?;
+        let worker = engine::spawn(net, base_name.clone(), model, max_num_seqs)
+            .map_err(|e| ServeError::Generation(format!("cannot start the model thread: {e}")))?;
+        let app = Arc::new(app::App::new(
+            tokenizer, template, config, base_name, placement, worker,
+        ));
+        for (name, path) in adapters {
+            app.load_adapter(name, path).await?;
+        }
+        let listening = http::listen(app, addr).await?;
+        Ok(Server { listening })
+    }
+
+    /// The address it listens on (the real port when started on port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.listening.addr
+    }
+
+    /// Stops accepting and closes connections.
+    pub fn stop(&self) {
+        self.listening.stop();
+    }
+
+    /// Waits until the server has stopped.
+    pub async fn finished(self) {
+        self.listening.finished().await;
+    }
+}
