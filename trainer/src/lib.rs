@@ -20,6 +20,7 @@ pub mod scoring;
 #[cfg(test)]
 mod test_support;
 pub mod tokenizer;
+pub mod train;
 pub mod weights;
 
 pub use chat_template::{ChatInput, ChatTemplate};

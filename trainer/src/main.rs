@@ -1,7 +1,10 @@
 //! `clawback-trainer`: the trainer's command line. `bench` measures training throughput;
-//! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message.
+//! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message;
+//! `train` trains per-tenant adapters from the datapool.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -11,6 +14,7 @@ use clawback_trainer::generate::{generate, SamplingParams};
 use clawback_trainer::lora::{LoraAdapter, LoraConfig};
 use clawback_trainer::model::{Model, Placement};
 use clawback_trainer::tokenizer::Tokenizer;
+use clawback_trainer::train::{self, RunOptions, TrainConfig};
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +35,14 @@ enum PresetArg {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Trains each tenant's LoRA adapter from the datapool's ready queue (see trainer.example.toml).
+    Train {
+        #[arg(long)]
+        config: PathBuf,
+        /// Train on what is ready now, checkpoint, ack, and exit (instead of polling for more).
+        #[arg(long)]
+        exit_when_idle: bool,
+    },
     /// Training tokens/s (forward + loss + backward + AdamW on LoRA params) on a random model.
     Bench {
         #[arg(long, value_enum, default_value = "tiny")]
@@ -85,6 +97,20 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Train {
+            config,
+            exit_when_idle,
+        } => {
+            let config = TrainConfig::load(&config)?;
+            let options = RunOptions {
+                exit_when_idle,
+                handle_signals: true,
+            };
+            let summary = train::run(&config, options, Arc::new(AtomicBool::new(false)))?;
+            for (tenant, steps) in &summary.optimizer_steps {
+                eprintln!("clawback-trainer: {tenant}: {steps} optimizer steps this run");
+            }
+        }
         Command::Bench {
             preset,
             device,
