@@ -10,7 +10,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clawback_datapool::{LocalStore, RedisConfig, RedisStore, StepId, TenantId};
+use clawback_datapool::{
+    Complete, CompletionReason, LocalStore, RedisConfig, RedisStore, StepId, Store, TenantId,
+    Tokens, Trajectory, TrajectoryId,
+};
 use clawback_trainer::config::ModelConfig;
 use clawback_trainer::lora::LoraAdapter;
 use clawback_trainer::train::{self, RunOptions, TrainConfig};
@@ -143,7 +146,7 @@ fn the_loop_trains_from_a_local_store_checkpoints_in_peft_format_and_acks() {
         &model,
         &data.display().to_string(),
         &tenant,
-        "[batch]\nsamples_per_step = 4\nmicro_batch_tokens = 128\nmax_seq_len = 128\n",
+        "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\nmax_seq_len = 128\n",
     );
     let config = TrainConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
     let options = RunOptions {
@@ -202,7 +205,7 @@ fn the_loop_trains_from_redis_under_its_own_tenant() {
         &model,
         &url,
         &tenant,
-        "[batch]\nsamples_per_step = 2\nmicro_batch_tokens = 256\nmax_seq_len = 128\n",
+        "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 2\nmicro_batch_tokens = 256\nmax_seq_len = 128\n",
     );
     let config = TrainConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
     let options = RunOptions {
@@ -358,5 +361,81 @@ fn a_trainer_killed_after_its_first_checkpoint_resumes_losing_nothing_and_repeat
     assert_eq!(at_kill + resumed.len() as u64, 24);
     let numbers: Vec<u64> = saved.iter().map(|(_, s)| s.optimizer_steps).collect();
     assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+    assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
+}
+
+#[test]
+fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenizer() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let model = tiny_model_dir(&dir.path().join("model"));
+    common::add_tokenizer(&model);
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
+    let store =
+        LocalStore::open(data.join(train::run::LOCAL_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    let tenant = fresh_tenant("text");
+    let rt = runtime();
+    let mut all_steps = Vec::new();
+    for thumb in [1.0, -1.0] {
+        let traj = Trajectory::open(tenant.clone(), TrajectoryId::new());
+        let mut steps = common::recorded_steps(&tenant, traj.id, 0);
+        // The second turn came from an OpenAI upstream: text only, no ids, no logprobs.
+        steps[1].tokens = Tokens::None;
+        let evaluations = vec![
+            common::feedback(&tenant, traj.id, thumb),
+            common::plugin_score(
+                &tenant,
+                traj.id,
+                Some(steps[0].id),
+                "opd-hint",
+                None,
+                Some("Mention the umbrella."),
+            ),
+        ];
+        all_steps.extend(steps.iter().map(|s| s.id));
+        rt.block_on(async {
+            store.upsert_trajectory(&traj).await?;
+            store.append_steps(&steps).await?;
+            store.append_evaluations(&evaluations).await?;
+            store
+                .complete_trajectory(&Complete::now(
+                    tenant.clone(),
+                    traj.id,
+                    CompletionReason::Handshake,
+                ))
+                .await
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let text = config_text(
+        dir.path(),
+        &model,
+        &data.display().to_string(),
+        &tenant,
+        "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 8\nmicro_batch_tokens = 512\nmax_seq_len = 256\n",
+    );
+    let config = TrainConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
+    let options = RunOptions {
+        exit_when_idle: true,
+        handle_signals: false,
+    };
+    let summary = train::run(&config, options, Arc::new(AtomicBool::new(false)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(summary.optimizer_steps[&tenant], 1);
+
+    let lines = jsonl(&dir.path().join("metrics.jsonl"));
+    let last = &lines[lines.len() - 1];
+    assert_eq!(last["samples_stats"]["text_only"], 2, "{last}");
+    assert_eq!(last["dropped"]["text_only_skipped"], 0, "{last}");
+    assert_eq!(last["dropped"]["hints_unused"], 0, "{last}");
+    // Two engine samples and two re-tokenised ones.
+    assert_eq!(last["samples"], 4, "{last}");
+    let mut applied: Vec<StepId> = checkpoints(&dir.path().join("checkpoints"), &tenant)
+        .iter()
+        .flat_map(|(_, s)| s.applied_steps.iter().copied())
+        .collect();
+    applied.sort();
+    all_steps.sort();
+    assert_eq!(applied, all_steps);
     assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
 }

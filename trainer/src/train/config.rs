@@ -425,6 +425,17 @@ impl TrainConfig {
         if self.checkpoint.every == 0 {
             return Err(bad("checkpoint.every", "must be at least 1"));
         }
+        if self.consumer.claim_idle <= self.batch.max_wait {
+            // Our own queued entries would be taken over (and counted towards dead-lettering)
+            // while they wait for a fuller step.
+            return Err(bad(
+                "consumer.claim_idle",
+                format!(
+                    "{:?} must be longer than batch.max_wait ({:?})",
+                    self.consumer.claim_idle, self.batch.max_wait
+                ),
+            ));
+        }
         if self.consumer.read_count == 0 {
             return Err(bad("consumer.read_count", "must be at least 1"));
         }
@@ -566,6 +577,8 @@ mod tests {
         assert!(err.contains("tenants"), "{err}");
         let err = error_of(&format!("{base}[reward_weights.acme]\njudge = -2.0\n"));
         assert!(err.contains("judge"), "{err}");
+        let err = error_of(&format!("{base}[consumer]\nclaim_idle = \"10s\"\n"));
+        assert!(err.contains("consumer.claim_idle"), "{err}");
         let err = error_of(&format!("{base}[loss]\nteacher = \"oracle\"\n"));
         assert!(err.contains("teacher"), "{err}");
     }

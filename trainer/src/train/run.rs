@@ -250,10 +250,7 @@ impl Loop<'_> {
         } else {
             batch.max_wait
         };
-        loop {
-            let Some(trainer) = self.trainers.get_mut(tenant) else {
-                break;
-            };
+        while let Some(trainer) = self.trainers.get_mut(tenant) {
             if stop.load(Ordering::SeqCst) || !trainer.ready(batch.samples_per_step, max_wait, idle)
             {
                 break;

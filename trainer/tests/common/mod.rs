@@ -276,3 +276,57 @@ pub fn fresh_tenant(label: &str) -> TenantId {
     TenantId::new(format!("train-{label}-{}", &suffix[suffix.len() - 12..]))
         .unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// Gives the model folder a word-level tokenizer (every word it does not know is `[UNK]`) and a
+/// ChatML-like template, so text-only steps can be re-tokenised and hints distilled.
+pub fn add_tokenizer(dir: &Path) {
+    let special = |id: u32, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": false, "special": true})
+    };
+    let mut vocab = serde_json::Map::new();
+    let words = [
+        "[UNK]",
+        "<|im_end|>",
+        "<|im_start|>",
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "the",
+        "weather",
+        "in",
+        "Paris",
+        "umbrella",
+        "Mention",
+        ".",
+        "?",
+        ",",
+        "'",
+        "s",
+        "It",
+        "light",
+        "rain",
+        "Celsius",
+        "Answer",
+        "now",
+        "right",
+        "What",
+    ];
+    for (id, w) in words.iter().enumerate() {
+        vocab.insert((*w).to_owned(), serde_json::json!(id));
+    }
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(1, "<|im_end|>"), special(2, "<|im_start|>")],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|> \
+                    {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}";
+    let config = serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>"});
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
+}
