@@ -4,15 +4,14 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
-    Complete, CompletionReason, LocalStore, RedisConfig, RedisStore, StepId, Store, TenantId,
-    Tokens, Trajectory, TrajectoryId,
+    LocalStore, RedisConfig, RedisStore, StepId, TenantId, Tokens, Trajectory, TrajectoryId,
 };
 use clawback_trainer::config::ModelConfig;
 use clawback_trainer::lora::LoraAdapter;
@@ -66,6 +65,27 @@ jsonl = "{jsonl}"
         checkpoints = dir.join("checkpoints").display(),
         jsonl = dir.join("metrics.jsonl").display(),
     )
+}
+
+/// A temporary folder with a tiny model folder and an embedded datapool in `data/`.
+fn local_setup() -> (tempfile::TempDir, PathBuf, PathBuf, LocalStore) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let model = tiny_model_dir(&dir.path().join("model"));
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
+    let store =
+        LocalStore::open(data.join(train::run::LOCAL_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    (dir, model, data, store)
+}
+
+/// Runs the loop in-process as a batch job over what is ready (`--exit-when-idle`).
+fn train_until_idle(config_text: &str) -> train::Summary {
+    let config = TrainConfig::from_toml(config_text).unwrap_or_else(|e| panic!("{e}"));
+    let options = RunOptions {
+        exit_when_idle: true,
+        handle_signals: false,
+    };
+    train::run(&config, options, Arc::new(AtomicBool::new(false))).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn jsonl(path: &Path) -> Vec<serde_json::Value> {
@@ -130,12 +150,7 @@ fn assert_trained_everything(
 
 #[test]
 fn the_loop_trains_from_a_local_store_checkpoints_in_peft_format_and_acks() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let model = tiny_model_dir(&dir.path().join("model"));
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
-    let store =
-        LocalStore::open(data.join(train::run::LOCAL_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, model, data, store) = local_setup();
     let tenant = fresh_tenant("local");
     let rt = runtime();
     // Two groups of four rollouts and three single sessions: 11 trajectories, 22 steps.
@@ -148,13 +163,7 @@ fn the_loop_trains_from_a_local_store_checkpoints_in_peft_format_and_acks() {
         &tenant,
         "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\nmax_seq_len = 128\n",
     );
-    let config = TrainConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
-    let options = RunOptions {
-        exit_when_idle: true,
-        handle_signals: false,
-    };
-    let summary = train::run(&config, options, Arc::new(AtomicBool::new(false)))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = train_until_idle(&text);
 
     assert!(summary.optimizer_steps[&tenant] >= 2, "{summary:?}");
     assert_eq!(summary.acked[&tenant], recorded.ready_entries);
@@ -207,13 +216,7 @@ fn the_loop_trains_from_redis_under_its_own_tenant() {
         &tenant,
         "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 2\nmicro_batch_tokens = 256\nmax_seq_len = 128\n",
     );
-    let config = TrainConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
-    let options = RunOptions {
-        exit_when_idle: true,
-        handle_signals: false,
-    };
-    let summary = train::run(&config, options, Arc::new(AtomicBool::new(false)))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = train_until_idle(&text);
 
     assert!(summary.optimizer_steps[&tenant] >= 2, "{summary:?}");
     assert_eq!(summary.acked[&tenant], recorded.ready_entries);
@@ -281,12 +284,7 @@ fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn a_trainer_killed_after_its_first_checkpoint_resumes_losing_nothing_and_repeating_nothing() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let model = tiny_model_dir(&dir.path().join("model"));
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
-    let store =
-        LocalStore::open(data.join(train::run::LOCAL_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, model, data, store) = local_setup();
     let tenant = fresh_tenant("crash");
     let rt = runtime();
     // 24 single sessions: one delivery and one sample each, so with one sample per step every
@@ -366,13 +364,8 @@ fn a_trainer_killed_after_its_first_checkpoint_resumes_losing_nothing_and_repeat
 
 #[test]
 fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenizer() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let model = tiny_model_dir(&dir.path().join("model"));
+    let (dir, model, data, store) = local_setup();
     common::add_tokenizer(&model);
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
-    let store =
-        LocalStore::open(data.join(train::run::LOCAL_FILE)).unwrap_or_else(|e| panic!("{e}"));
     let tenant = fresh_tenant("text");
     let rt = runtime();
     let mut all_steps = Vec::new();
@@ -393,19 +386,12 @@ fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenize
             ),
         ];
         all_steps.extend(steps.iter().map(|s| s.id));
-        rt.block_on(async {
-            store.upsert_trajectory(&traj).await?;
-            store.append_steps(&steps).await?;
-            store.append_evaluations(&evaluations).await?;
-            store
-                .complete_trajectory(&Complete::now(
-                    tenant.clone(),
-                    traj.id,
-                    CompletionReason::Handshake,
-                ))
-                .await
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+        rt.block_on(common::write_trajectory(
+            &store,
+            &traj,
+            &steps,
+            &evaluations,
+        ));
     }
     let text = config_text(
         dir.path(),
@@ -414,13 +400,7 @@ fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenize
         &tenant,
         "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 8\nmicro_batch_tokens = 512\nmax_seq_len = 256\n",
     );
-    let config = TrainConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
-    let options = RunOptions {
-        exit_when_idle: true,
-        handle_signals: false,
-    };
-    let summary = train::run(&config, options, Arc::new(AtomicBool::new(false)))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = train_until_idle(&text);
     assert_eq!(summary.optimizer_steps[&tenant], 1);
 
     let lines = jsonl(&dir.path().join("metrics.jsonl"));

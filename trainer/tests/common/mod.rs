@@ -212,29 +212,28 @@ pub async fn record(
         }));
     }
     for (traj, steps, evaluations) in batches {
-        store
-            .upsert_trajectory(&traj)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        store
-            .append_steps(&steps)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        store
-            .append_evaluations(&evaluations)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        store
-            .complete_trajectory(&Complete::now(
-                tenant.clone(),
-                traj.id,
-                CompletionReason::Handshake,
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        write_trajectory(store, &traj, &steps, &evaluations).await;
     }
     out.ready_entries = groups + singles;
     out
+}
+
+/// Stores a trajectory with its steps and evaluations, and completes it (enqueueing it, or
+/// its group once every member is complete).
+pub async fn write_trajectory(
+    store: &dyn Store,
+    traj: &Trajectory,
+    steps: &[Step],
+    evaluations: &[Evaluation],
+) {
+    let done = async {
+        store.upsert_trajectory(traj).await?;
+        store.append_steps(steps).await?;
+        store.append_evaluations(evaluations).await?;
+        let complete = Complete::now(traj.tenant.clone(), traj.id, CompletionReason::Handshake);
+        store.complete_trajectory(&complete).await
+    };
+    done.await.unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Entries still unacked in `group`: a member with a zero idle time takes over every pending one.
