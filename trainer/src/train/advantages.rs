@@ -200,3 +200,116 @@ pub fn score_delivery(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use clawback_datapool::example::tool_use_trajectory;
+    use clawback_datapool::{
+        Evaluation, EvaluationSource, GroupId, TenantId, TrajectoryId, UnixMs, Verdict,
+    };
+
+    use super::*;
+
+    /// A rollout of the schema example with fresh ids and only `reward` (an outcome) as evaluation.
+    fn rollout(reward: Option<f64>) -> TrajectoryRecord {
+        let tenant = TenantId::new("acme").unwrap_or_else(|e| panic!("{e}"));
+        let mut r = tool_use_trajectory(tenant.clone());
+        r.trajectory.id = TrajectoryId::new();
+        r.trajectory = r.trajectory.in_group(GroupId::new(), 4);
+        for s in &mut r.steps {
+            s.id = StepId::new();
+        }
+        r.evaluations = reward
+            .map(|reward| Evaluation {
+                step: None,
+                source: EvaluationSource::Plugin {
+                    name: "task-solved".into(),
+                    content_hash: "sha256:00".into(),
+                },
+                verdict: Verdict::Score {
+                    reward: Some(reward),
+                    hint: None,
+                },
+                created_at: UnixMs(1),
+                ..r.evaluations[0].clone()
+            })
+            .into_iter()
+            .collect();
+        r
+    }
+
+    fn score(records: &[TrajectoryRecord], is_group: bool) -> (Vec<Scored>, Dropped) {
+        let weights = RewardWeights::equal();
+        let options = ScoreOptions {
+            samples: SampleOptions::default(),
+            weights: &weights,
+            normalization: GroupNormalization::MeanOnly,
+            distill: true,
+            max_seq_len: 4096,
+            text: None,
+        };
+        let mut dropped = Dropped::default();
+        let out = score_delivery(
+            records,
+            is_group,
+            &options,
+            &mut SeenSteps::new(64),
+            &mut SampleStats::default(),
+            &mut dropped,
+        );
+        (out, dropped)
+    }
+
+    #[test]
+    fn a_group_compares_its_rollouts_and_broadcasts_each_advantage_over_its_steps() {
+        let records = [
+            rollout(Some(1.0)),
+            rollout(Some(0.0)),
+            rollout(None),
+            rollout(Some(0.5)),
+        ];
+        let (out, dropped) = score(&records, true);
+        // The unrewarded rollout is left out of the comparison: mean of 1, 0, 0.5 is 0.5. A zero
+        // advantage stays a sample: it adds no gradient but counts in the token mean, as in GRPO.
+        let advantages: Vec<Vec<Option<f32>>> = out.iter().map(|s| s.advantages.clone()).collect();
+        assert_eq!(
+            advantages,
+            vec![
+                vec![Some(0.5), Some(0.5)],
+                vec![Some(-0.5), Some(-0.5)],
+                vec![Some(0.0), Some(0.0)]
+            ]
+        );
+        assert_eq!(dropped.no_reward, 1);
+        assert_eq!(dropped.samples_without_signal, 1); // the unrewarded rollout's sample
+    }
+
+    #[test]
+    fn a_group_whose_rewards_are_all_equal_carries_no_signal() {
+        let records = [rollout(Some(1.0)), rollout(Some(1.0))];
+        let (out, dropped) = score(&records, true);
+        assert!(out.is_empty());
+        assert_eq!(dropped.no_signal, 1);
+        assert_eq!(dropped.samples_without_signal, 2);
+    }
+
+    #[test]
+    fn a_single_session_learns_from_each_steps_reward_and_a_zero_masks_it_out() {
+        let (out, _) = score(&[rollout(Some(-1.0))], false);
+        assert_eq!(out[0].advantages, vec![Some(-1.0), Some(-1.0)]);
+        let (out, dropped) = score(&[rollout(Some(0.0))], false);
+        assert!(out.is_empty());
+        assert_eq!(dropped.samples_without_signal, 1);
+    }
+
+    #[test]
+    fn the_schema_examples_hint_is_counted_unused_without_a_tokenizer() {
+        let tenant = TenantId::new("acme").unwrap_or_else(|e| panic!("{e}"));
+        let (out, dropped) = score(&[tool_use_trajectory(tenant)], false);
+        assert_eq!(out.len(), 1);
+        // Step 0 has its plugin's 1.0, step 1 the thumbs-up outcome.
+        assert_eq!(out[0].advantages, vec![Some(1.0), Some(1.0)]);
+        assert_eq!(out[0].teacher_prompts, vec![None, None]);
+        assert_eq!(dropped.hints_unused, 1);
+    }
+}
