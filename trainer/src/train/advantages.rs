@@ -62,6 +62,8 @@ pub struct Dropped {
     pub hints_unused: u64,
     /// Samples longer than `batch.max_seq_len`.
     pub too_long: u64,
+    /// Samples with a token id the model's vocabulary does not have (recorded by another model?).
+    pub out_of_vocab: u64,
     /// Ready entries whose trajectory or group was gone from the store.
     pub missing: u64,
     /// Group members that were abandoned or still open.
@@ -77,6 +79,8 @@ pub struct ScoreOptions<'a> {
     /// Hints are only turned into teacher prompts when distillation is on.
     pub distill: bool,
     pub max_seq_len: usize,
+    /// Ids at or above it cannot be embedded: such samples are dropped, not trained.
+    pub vocab_size: usize,
     pub text: Option<&'a TextCodec>,
 }
 
@@ -154,6 +158,14 @@ pub fn score_delivery(
         for sample in samples {
             if sample.len() > options.max_seq_len {
                 dropped.too_long += 1;
+                continue;
+            }
+            if sample
+                .input_ids
+                .iter()
+                .any(|&id| id as usize >= options.vocab_size)
+            {
+                dropped.out_of_vocab += 1;
                 continue;
             }
             let advantages = sample
@@ -246,6 +258,7 @@ mod tests {
             normalization: GroupNormalization::MeanOnly,
             distill: true,
             max_seq_len: 4096,
+            vocab_size: 200_000,
             text: None,
         };
         let mut dropped = Dropped::default();
@@ -300,6 +313,31 @@ mod tests {
         let (out, dropped) = score(&[rollout(Some(0.0))], false);
         assert!(out.is_empty());
         assert_eq!(dropped.samples_without_signal, 1);
+    }
+
+    #[test]
+    fn a_sample_with_ids_beyond_the_vocabulary_is_dropped_not_trained() {
+        let weights = RewardWeights::equal();
+        let options = ScoreOptions {
+            samples: SampleOptions::default(),
+            weights: &weights,
+            normalization: GroupNormalization::MeanOnly,
+            distill: false,
+            max_seq_len: 4096,
+            vocab_size: 1000, // the example's ids are Qwen's (151 644 and up)
+            text: None,
+        };
+        let mut dropped = Dropped::default();
+        let out = score_delivery(
+            &[rollout(Some(1.0))],
+            false,
+            &options,
+            &mut SeenSteps::new(64),
+            &mut SampleStats::default(),
+            &mut dropped,
+        );
+        assert!(out.is_empty());
+        assert_eq!(dropped.out_of_vocab, 1);
     }
 
     #[test]

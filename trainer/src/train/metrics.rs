@@ -220,7 +220,7 @@ impl Prom {
 }
 
 /// Every reason a step or sample was left out, with its total.
-pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 16] {
+pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 17] {
     [
         ("stale", s.stale_dropped),
         ("duplicate", s.duplicate_dropped),
@@ -236,6 +236,7 @@ pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 16]
         ("text_only_skipped", d.text_only_skipped),
         ("hints_unused", d.hints_unused),
         ("too_long", d.too_long),
+        ("out_of_vocab", d.out_of_vocab),
         ("missing", d.missing),
         ("not_completed", d.not_completed),
     ]

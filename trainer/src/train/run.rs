@@ -224,7 +224,13 @@ impl Loop<'_> {
             .map_err(TrainError::datapool("policy version lookup"))?
             .map(|p| p.version);
         let weights = self.config.reward_weights(tenant);
-        let options = score_options(self.config, &weights, self.text, current_version);
+        let options = score_options(
+            self.config,
+            self.model.config().vocab_size,
+            &weights,
+            self.text,
+            current_version,
+        );
         for delivery in deliveries {
             let Some(trainer) = self.trainers.get_mut(tenant) else {
                 break;

@@ -423,6 +423,7 @@ struct Accumulated {
 /// The options scoring needs, borrowed from the config and the loaded parts.
 pub fn score_options<'a>(
     config: &TrainConfig,
+    vocab_size: i64,
     weights: &'a clawback_datapool::reward::RewardWeights,
     text: Option<&'a TextCodec>,
     current_version: Option<u64>,
@@ -437,6 +438,7 @@ pub fn score_options<'a>(
         normalization: config.group_normalization(),
         distill: config.loss.opd_weight > 0.0,
         max_seq_len: config.batch.max_seq_len,
+        vocab_size: usize::try_from(vocab_size).unwrap_or(0),
         text,
     }
 }
