@@ -4,7 +4,8 @@
 //!   `SCHEMA.md`);
 //! - [`Store`]: what the recorder writes and the trainer reads, implemented by [`RedisStore`]
 //!   (Redis Streams, one Redis or a cluster), [`LocalStore`] (SQLite: the embedded default and the
-//!   spool) and [`SpooledStore`] (Redis, falling back to a local spool while Redis is away).
+//!   spool) and [`SpooledStore`] (Redis, falling back to a local spool while Redis is away);
+//! - [`reward`]: how evaluations combine into the rewards and hints a trainer learns from.
 
 mod codec;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod keys;
 pub mod local_store;
 mod redis_scripts;
 pub mod redis_store;
+pub mod reward;
 pub mod schema;
 pub mod spool;
 pub mod store;

@@ -1,5 +1,6 @@
 //! clawback's trainer: a Llama/Qwen-family decoder in tch, LoRA adapters in PEFT format,
-//! the RL losses, and the tokenizer + chat template that turn conversations into ids.
+//! the RL losses, the tokenizer + chat template that turn conversations into ids, and the
+//! training loop over the datapool ([`train`]).
 
 pub mod bench;
 pub mod chat_template;
@@ -21,6 +22,7 @@ pub mod serve;
 #[cfg(test)]
 mod test_support;
 pub mod tokenizer;
+pub mod train;
 pub mod weights;
 
 pub use chat_template::{ChatInput, ChatTemplate};

@@ -1,9 +1,12 @@
 //! `clawback-trainer`: the trainer's command line. `bench` measures training throughput;
 //! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message;
-//! `serve` answers OpenAI-compatible HTTP requests with it.
+//! `serve` answers OpenAI-compatible HTTP requests with it; `train` trains per-tenant adapters
+//! from the datapool.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -14,6 +17,7 @@ use clawback_trainer::lora::{LoraAdapter, LoraConfig};
 use clawback_trainer::model::{Model, Placement};
 use clawback_trainer::serve::{ServeOptions, Server};
 use clawback_trainer::tokenizer::Tokenizer;
+use clawback_trainer::train::{self, RunOptions, TrainConfig};
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +38,14 @@ enum PresetArg {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Trains each tenant's LoRA adapter from the datapool's ready queue (see trainer.example.toml).
+    Train {
+        #[arg(long)]
+        config: PathBuf,
+        /// Train on what is ready now, checkpoint, ack, and exit (instead of polling for more).
+        #[arg(long)]
+        exit_when_idle: bool,
+    },
     /// Training tokens/s (forward + loss + backward + AdamW on LoRA params) on a random model.
     Bench {
         #[arg(long, value_enum, default_value = "tiny")]
@@ -122,6 +134,20 @@ fn parse_adapter(arg: &str) -> Result<(String, PathBuf), String> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Train {
+            config,
+            exit_when_idle,
+        } => {
+            let config = TrainConfig::load(&config)?;
+            let options = RunOptions {
+                exit_when_idle,
+                handle_signals: true,
+            };
+            let summary = train::run(&config, options, Arc::new(AtomicBool::new(false)))?;
+            for (tenant, steps) in &summary.optimizer_steps {
+                eprintln!("clawback-trainer: {tenant}: {steps} optimizer steps this run");
+            }
+        }
         Command::Bench {
             preset,
             device,

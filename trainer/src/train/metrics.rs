@@ -1,0 +1,515 @@
+//! What each optimizer step reports, and where: a progress line on stdout, one JSON object per
+//! step in a JSONL file, and Prometheus gauges and counters on `GET /metrics`.
+//!
+//! The only label is the tenant (and, for dropped samples, a fixed reason name): a trainer trains
+//! a handful of tenants, so the series stay few.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clawback_datapool::TenantId;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::samples::SampleStats;
+use crate::train::advantages::Dropped;
+
+/// One optimizer step of one tenant.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    pub tenant: TenantId,
+    /// Optimizer steps taken by this tenant's adapter, this one included.
+    pub step: u64,
+    pub lr: f64,
+    /// The loss that was backpropagated (surrogate + KL term), token-mean over the step.
+    pub loss: f64,
+    pub clip_fraction: f64,
+    pub ratio_mean: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub grad_norm: f64,
+    pub reward_mean: Option<f64>,
+    pub advantage_mean: f64,
+    pub advantage_std: f64,
+    pub samples: usize,
+    pub micro_batches: usize,
+    /// Tokens under the loss.
+    pub loss_tokens: usize,
+    /// Every token the forward passes saw, padding excluded.
+    pub tokens: usize,
+    pub tokens_per_second: f64,
+    pub seconds: f64,
+    /// Totals since start: what samples.rs left out ...
+    pub samples_stats: SampleStats,
+    /// ... and what scoring and batching left out.
+    pub dropped: Dropped,
+}
+
+impl StepReport {
+    /// The progress line.
+    pub fn line(&self) -> String {
+        let reward = self
+            .reward_mean
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
+        format!(
+            "[{}] step {} lr {:.2e} loss {:.4} reward {} adv {:.3}±{:.3} clip {:.3} kl {:.4} \
+             entropy {:.3} |g| {:.3} samples {} tokens {} ({:.0} tok/s)",
+            self.tenant,
+            self.step,
+            self.lr,
+            self.loss,
+            reward,
+            self.advantage_mean,
+            self.advantage_std,
+            self.clip_fraction,
+            self.kl,
+            self.entropy,
+            self.grad_norm,
+            self.samples,
+            self.tokens,
+            self.tokens_per_second,
+        )
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DroppedLabels {
+    tenant: String,
+    reason: &'static str,
+}
+
+type GaugeF = Gauge<f64, AtomicU64>;
+
+struct Prom {
+    registry: Registry,
+    steps: Family<TenantLabels, Counter>,
+    tokens: Family<TenantLabels, Counter>,
+    samples: Family<TenantLabels, Counter>,
+    loss: Family<TenantLabels, GaugeF>,
+    reward: Family<TenantLabels, GaugeF>,
+    clip_fraction: Family<TenantLabels, GaugeF>,
+    kl: Family<TenantLabels, GaugeF>,
+    entropy: Family<TenantLabels, GaugeF>,
+    grad_norm: Family<TenantLabels, GaugeF>,
+    lr: Family<TenantLabels, GaugeF>,
+    tokens_per_second: Family<TenantLabels, GaugeF>,
+    dropped: Family<DroppedLabels, Counter>,
+    /// Last totals seen per (tenant, reason), to turn totals into counter increments.
+    dropped_seen: HashMap<(String, &'static str), u64>,
+}
+
+impl Prom {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("clawback_trainer");
+        let mut p = Prom {
+            registry: Registry::default(),
+            steps: Family::default(),
+            tokens: Family::default(),
+            samples: Family::default(),
+            loss: Family::default(),
+            reward: Family::default(),
+            clip_fraction: Family::default(),
+            kl: Family::default(),
+            entropy: Family::default(),
+            grad_norm: Family::default(),
+            lr: Family::default(),
+            tokens_per_second: Family::default(),
+            dropped: Family::default(),
+            dropped_seen: HashMap::new(),
+        };
+        registry.register("optimizer_steps", "Optimizer steps taken", p.steps.clone());
+        registry.register(
+            "tokens",
+            "Tokens trained on (padding excluded)",
+            p.tokens.clone(),
+        );
+        registry.register("samples", "Samples trained on", p.samples.clone());
+        registry.register("loss", "Loss of the last step", p.loss.clone());
+        registry.register(
+            "reward_mean",
+            "Mean reward of the last step's samples",
+            p.reward.clone(),
+        );
+        registry.register(
+            "clip_fraction",
+            "Share of tokens clipped in the last step",
+            p.clip_fraction.clone(),
+        );
+        registry.register("kl", "k3 KL of the last step", p.kl.clone());
+        registry.register(
+            "entropy",
+            "Policy entropy (nats) of the last step",
+            p.entropy.clone(),
+        );
+        registry.register(
+            "grad_norm",
+            "Gradient norm before clipping of the last step",
+            p.grad_norm.clone(),
+        );
+        registry.register(
+            "learning_rate",
+            "Learning rate of the last step",
+            p.lr.clone(),
+        );
+        registry.register(
+            "tokens_per_second",
+            "Training throughput of the last step",
+            p.tokens_per_second.clone(),
+        );
+        registry.register(
+            "dropped",
+            "Steps or samples left out, by reason",
+            p.dropped.clone(),
+        );
+        p.registry = registry;
+        p
+    }
+
+    fn record(&mut self, r: &StepReport) {
+        let l = TenantLabels {
+            tenant: r.tenant.to_string(),
+        };
+        self.steps.get_or_create(&l).inc();
+        self.tokens.get_or_create(&l).inc_by(r.tokens as u64);
+        self.samples.get_or_create(&l).inc_by(r.samples as u64);
+        self.loss.get_or_create(&l).set(r.loss);
+        if let Some(reward) = r.reward_mean {
+            self.reward.get_or_create(&l).set(reward);
+        }
+        self.clip_fraction.get_or_create(&l).set(r.clip_fraction);
+        self.kl.get_or_create(&l).set(r.kl);
+        self.entropy.get_or_create(&l).set(r.entropy);
+        self.grad_norm.get_or_create(&l).set(r.grad_norm);
+        self.lr.get_or_create(&l).set(r.lr);
+        self.tokens_per_second
+            .get_or_create(&l)
+            .set(r.tokens_per_second);
+        for (reason, total) in dropped_totals(&r.samples_stats, &r.dropped) {
+            let key = (l.tenant.clone(), reason);
+            let before = self.dropped_seen.insert(key, total).unwrap_or(0);
+            self.dropped
+                .get_or_create(&DroppedLabels {
+                    tenant: l.tenant.clone(),
+                    reason,
+                })
+                .inc_by(total.saturating_sub(before));
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Every reason a step or sample was left out, with its total.
+pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 17] {
+    [
+        ("stale", s.stale_dropped),
+        ("duplicate", s.duplicate_dropped),
+        ("not_trainable", s.not_trainable),
+        ("empty_completion", s.empty_completion),
+        ("logprobs_missing", s.logprobs_missing),
+        ("text_only", s.text_only),
+        ("no_reward", d.no_reward),
+        ("no_signal", d.no_signal),
+        ("samples_without_signal", d.samples_without_signal),
+        ("filter_errors", d.filter_errors),
+        ("invalid_rewards", d.invalid_rewards),
+        ("text_only_skipped", d.text_only_skipped),
+        ("hints_unused", d.hints_unused),
+        ("too_long", d.too_long),
+        ("out_of_vocab", d.out_of_vocab),
+        ("missing", d.missing),
+        ("not_completed", d.not_completed),
+    ]
+}
+
+/// What went wrong setting up the metrics outputs.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("cannot open the metrics log {path}: {source}")]
+    Jsonl {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen for /metrics on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The sinks of the step reports.
+pub struct Metrics {
+    progress: bool,
+    jsonl: Option<File>,
+    prom: Arc<Mutex<Prom>>,
+    server: Option<MetricsServer>,
+}
+
+impl Metrics {
+    pub fn new(
+        progress: bool,
+        jsonl: Option<&Path>,
+        listen: Option<SocketAddr>,
+    ) -> Result<Self, MetricsError> {
+        let jsonl = match jsonl {
+            Some(path) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|source| MetricsError::Jsonl {
+                        path: path.display().to_string(),
+                        source,
+                    })?,
+            ),
+            None => None,
+        };
+        let prom = Arc::new(Mutex::new(Prom::new()));
+        let server = match listen {
+            Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&prom))?),
+            None => None,
+        };
+        Ok(Metrics {
+            progress,
+            jsonl,
+            prom,
+            server,
+        })
+    }
+
+    /// Where `/metrics` is served, when it is.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.server.as_ref().map(|s| s.addr)
+    }
+
+    /// Reports one step to every sink. A JSONL write that fails is logged, not fatal: the
+    /// training itself is what must go on.
+    pub fn record(&mut self, report: &StepReport) {
+        if self.progress {
+            println!("{}", report.line());
+        }
+        if let Some(file) = &mut self.jsonl {
+            let written = serde_json::to_string(report)
+                .map_err(std::io::Error::other)
+                .and_then(|line| writeln!(file, "{line}"));
+            if let Err(e) = written {
+                eprintln!("clawback-trainer: cannot append to the metrics log: {e}");
+            }
+        }
+        if let Ok(mut prom) = self.prom.lock() {
+            prom.record(report);
+        }
+    }
+
+    /// The Prometheus text exposition, as `/metrics` serves it.
+    pub fn render(&self) -> String {
+        self.prom.lock().map(|p| p.render()).unwrap_or_default()
+    }
+}
+
+/// A tiny HTTP/1.1 server for `GET /metrics` on its own thread: one connection at a time,
+/// which is all a scraper needs. Stops when dropped.
+struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    fn start(addr: SocketAddr, prom: Arc<Mutex<Prom>>) -> Result<Self, MetricsError> {
+        let listener =
+            TcpListener::bind(addr).map_err(|source| MetricsError::Listen { addr, source })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| MetricsError::Listen { addr, source })?;
+        // Non-blocking accept, so the loop sees the stop flag within a poll interval.
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| MetricsError::Listen { addr, source })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let body = prom.lock().map(|p| p.render()).unwrap_or_default();
+                        let _ = answer(stream, &body);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        });
+        Ok(MetricsServer {
+            addr: local,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads the request head and answers `/metrics` with the exposition, anything else with 404.
+fn answer(stream: TcpStream, body: &str) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    // Skip the headers (bounded: a scraper sends a few).
+    for _ in 0..100 {
+        let mut header = String::new();
+        if reader.read_line(&mut header)? == 0 || header == "\r\n" || header == "\n" {
+            break;
+        }
+    }
+    let path = request_line.split_whitespace().nth(1).unwrap_or("");
+    let mut stream = stream;
+    if request_line.starts_with("GET ") && (path == "/metrics" || path.starts_with("/metrics?")) {
+        write!(
+            stream,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    } else {
+        let msg = "only GET /metrics is served here\n";
+        write!(
+            stream,
+            "HTTP/1.1 404 Not Found\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{msg}",
+            msg.len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    fn report() -> StepReport {
+        StepReport {
+            tenant: TenantId::new("acme").unwrap_or_else(|e| panic!("{e}")),
+            step: 3,
+            lr: 1e-5,
+            loss: -0.25,
+            clip_fraction: 0.1,
+            ratio_mean: 1.0,
+            kl: 0.001,
+            entropy: 2.5,
+            grad_norm: 0.7,
+            reward_mean: Some(0.5),
+            advantage_mean: 0.0,
+            advantage_std: 1.0,
+            samples: 8,
+            micro_batches: 2,
+            loss_tokens: 100,
+            tokens: 400,
+            tokens_per_second: 1234.0,
+            seconds: 0.3,
+            samples_stats: SampleStats {
+                stale_dropped: 2,
+                ..SampleStats::default()
+            },
+            dropped: Dropped {
+                filter_errors: 1,
+                ..Dropped::default()
+            },
+        }
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        write!(stream, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap_or_else(|e| panic!("{e}"));
+        let mut out = String::new();
+        stream
+            .read_to_string(&mut out)
+            .unwrap_or_else(|e| panic!("{e}"));
+        out
+    }
+
+    #[test]
+    fn a_step_shows_up_on_the_prometheus_endpoint_and_in_the_jsonl_log() {
+        let dir = std::env::temp_dir().join(format!("train-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let log = dir.join("m.jsonl");
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
+        let mut m =
+            Metrics::new(false, Some(&log), Some(loopback)).unwrap_or_else(|e| panic!("{e}"));
+        m.record(&report());
+        m.record(&StepReport {
+            step: 4,
+            dropped: Dropped {
+                filter_errors: 3,
+                ..Dropped::default()
+            },
+            ..report()
+        });
+        let addr = m.local_addr().unwrap_or_else(|| panic!("no server"));
+        let page = get(addr, "/metrics");
+        assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+        assert!(
+            page.contains("clawback_trainer_optimizer_steps_total{tenant=\"acme\"} 2"),
+            "{page}"
+        );
+        assert!(
+            page.contains("clawback_trainer_loss{tenant=\"acme\"} -0.25"),
+            "{page}"
+        );
+        // Totals become counter increments: 3 filter errors in all, not 1 + 3.
+        assert!(
+            page.contains(
+                "clawback_trainer_dropped_total{tenant=\"acme\",reason=\"filter_errors\"} 3"
+            ),
+            "{page}"
+        );
+        assert!(page.contains("reason=\"stale\"} 2"), "{page}");
+        assert!(get(addr, "/").starts_with("HTTP/1.1 404"));
+
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1]["step"], 4);
+        assert_eq!(lines[1]["dropped"]["filter_errors"], 3);
+        assert!(report().line().contains("[acme] step 3"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,348 @@
+//! The training loop: for each tenant, read ready deliveries through the consumer group, load
+//! their trajectories, score them into samples, step the tenant's optimizer, report, checkpoint,
+//! and ack what the checkpoint holds.
+//!
+//! A checkpoint is written every `checkpoint.every` optimizer steps, and also whenever a
+//! tenant's ready queue runs dry with steps not yet checkpointed: an unacked delivery is handed
+//! to another trainer after `consumer.claim_idle`, so what was consumed must not wait long for
+//! its ack. On SIGINT/SIGTERM the loop finishes the step in progress, checkpoints every tenant
+//! with unsaved steps, acks, and returns; samples still queued are left unacked and come back.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{
+    Consumer, DeliveryId, LocalStore, ReadyItem, RedisConfig, RedisStore, Store, TenantId,
+    TrajectoryRecord,
+};
+use tokio::runtime::Runtime;
+
+use crate::model::Model;
+use crate::train::config::{Tenants, TrainConfig};
+use crate::train::error::TrainError;
+use crate::train::metrics::Metrics;
+use crate::train::tenant::{score_options, TenantTrainer};
+use crate::train::text::TextCodec;
+
+/// The embedded store's file inside a data directory: the sidecar's `store::LOCAL_FILE`.
+pub const LOCAL_FILE: &str = "clawback.sqlite3";
+
+/// How often the tenant list is looked up again when training "all".
+const TENANT_REFRESH: Duration = Duration::from_secs(30);
+
+/// How the loop ends besides a signal.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Return once nothing is ready, nothing is queued and everything is checkpointed and acked
+    /// (a batch job over what the datapool holds now).
+    pub exit_when_idle: bool,
+    /// Stop on SIGINT/SIGTERM (the command line); tests stop through the flag instead.
+    pub handle_signals: bool,
+}
+
+/// What a run did, per tenant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub optimizer_steps: BTreeMap<TenantId, u64>,
+    pub acked: BTreeMap<TenantId, usize>,
+}
+
+/// Opens the datapool `spec` names: a Redis URL, or the embedded store (a data directory or
+/// the SQLite file). A missing embedded store is an error rather than a new, empty one.
+pub async fn open_store(spec: &str) -> Result<Arc<dyn Store>, TrainError> {
+    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+        let store = RedisStore::connect(&RedisConfig::single(spec))
+            .await
+            .map_err(TrainError::datapool("connect"))?;
+        return Ok(Arc::new(store));
+    }
+    let path = std::path::Path::new(spec);
+    let file = if path.is_dir() {
+        path.join(LOCAL_FILE)
+    } else {
+        path.to_path_buf()
+    };
+    if !file.is_file() {
+        return Err(TrainError::NoDatapool(file.display().to_string()));
+    }
+    Ok(Arc::new(
+        LocalStore::open(&file).map_err(TrainError::datapool("open"))?,
+    ))
+}
+
+/// Runs the loop until `stop` is set, a signal arrives (with `handle_signals`), or — with
+/// `exit_when_idle` — nothing is left to do.
+pub fn run(
+    config: &TrainConfig,
+    options: RunOptions,
+    stop: Arc<AtomicBool>,
+) -> Result<Summary, TrainError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(TrainError::Runtime)?;
+    if options.handle_signals {
+        let flag = Arc::clone(&stop);
+        rt.spawn(async move {
+            wait_for_signal().await;
+            flag.store(true, Ordering::SeqCst);
+        });
+    }
+    if let Some(threads) = config.threads {
+        tch::set_num_threads(threads);
+    }
+    let store = rt.block_on(open_store(&config.datapool))?;
+    let placement = config.placement()?;
+    let model = Model::load(&config.model, placement).map_err(|source| TrainError::Model {
+        path: config.model.display().to_string(),
+        source,
+    })?;
+    let text = TextCodec::load(&config.model);
+    let metrics = Metrics::new(
+        config.metrics.progress,
+        config.metrics.jsonl.as_deref(),
+        config.metrics.prometheus,
+    )?;
+    let mut lp = Loop {
+        config,
+        rt: &rt,
+        store: store.as_ref(),
+        model: &model,
+        text: text.as_ref(),
+        metrics,
+        consumer: Consumer {
+            group: config.consumer.group.clone(),
+            name: config.consumer.name.clone(),
+            claim_idle: config.consumer.claim_idle,
+            max_deliveries: config.consumer.max_deliveries,
+        },
+        base_model: config.model.display().to_string(),
+        trainers: BTreeMap::new(),
+        summary: Summary::default(),
+        exit_when_idle: options.exit_when_idle,
+    };
+    let outcome = lp.run(options, &stop);
+    // Whatever ended the loop, make what was trained durable and ack it.
+    let flushed = lp.flush_all();
+    outcome.and(flushed)?;
+    Ok(lp.summary)
+}
+
+async fn wait_for_signal() {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    match term {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+struct Loop<'a> {
+    config: &'a TrainConfig,
+    rt: &'a Runtime,
+    store: &'a dyn Store,
+    model: &'a Model,
+    text: Option<&'a TextCodec>,
+    metrics: Metrics,
+    consumer: Consumer,
+    base_model: String,
+    trainers: BTreeMap<TenantId, TenantTrainer>,
+    summary: Summary,
+    /// A batch job does not wait `batch.max_wait` for a fuller step: it trains what is there.
+    exit_when_idle: bool,
+}
+
+impl Loop<'_> {
+    fn run(&mut self, options: RunOptions, stop: &AtomicBool) -> Result<(), TrainError> {
+        let mut tenants: Vec<TenantId> = Vec::new();
+        let mut looked_up: Option<Instant> = None;
+        while !stop.load(Ordering::SeqCst) {
+            match &self.config.tenants {
+                Tenants::List(list) => tenants.clone_from(list),
+                Tenants::All => {
+                    if looked_up.is_none_or(|t| t.elapsed() >= TENANT_REFRESH) {
+                        tenants = self
+                            .rt
+                            .block_on(self.store.tenants())
+                            .map_err(TrainError::datapool("tenant list"))?;
+                        looked_up = Some(Instant::now());
+                    }
+                }
+            }
+            let mut busy = false;
+            for tenant in &tenants {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                busy |= self.tenant_round(tenant, stop)?;
+            }
+            if !busy {
+                if options.exit_when_idle {
+                    return Ok(());
+                }
+                // Nothing ready anywhere: wait, in slices, so a stop is seen promptly.
+                let until = Instant::now() + self.config.poll_interval;
+                while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50).min(self.config.poll_interval));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One round for one tenant: read, ingest, step while enough is queued, checkpoint and ack.
+    /// Returns whether anything happened.
+    fn tenant_round(&mut self, tenant: &TenantId, stop: &AtomicBool) -> Result<bool, TrainError> {
+        if !self.trainers.contains_key(tenant) {
+            let (trainer, resume_acks) =
+                TenantTrainer::open(tenant.clone(), self.model, self.config)?;
+            self.trainers.insert(tenant.clone(), trainer);
+            self.ack(tenant, resume_acks)?;
+        }
+        let deliveries = self
+            .rt
+            .block_on(self.store.read_ready(
+                tenant,
+                &self.consumer,
+                self.config.consumer.read_count,
+            ))
+            .map_err(TrainError::datapool("read of the ready queue"))?;
+        let idle = deliveries.is_empty();
+        let mut busy = !idle;
+        let current_version = self
+            .rt
+            .block_on(self.store.policy_version(tenant))
+            .map_err(TrainError::datapool("policy version lookup"))?
+            .map(|p| p.version);
+        let weights = self.config.reward_weights(tenant);
+        let options = score_options(
+            self.config,
+            self.model.config().vocab_size,
+            &weights,
+            self.text,
+            current_version,
+        );
+        for delivery in deliveries {
+            let Some(trainer) = self.trainers.get_mut(tenant) else {
+                break;
+            };
+            if trainer.is_in_flight(&delivery.id) {
+                continue;
+            }
+            let loaded = load(self.rt, self.store, tenant, delivery.item)?;
+            let Some(trainer) = self.trainers.get_mut(tenant) else {
+                break;
+            };
+            match loaded {
+                Some((records, is_group)) => {
+                    trainer.ingest(delivery.id, &records, is_group, &options)
+                }
+                None => trainer.missing(delivery.id),
+            }
+        }
+
+        let batch = &self.config.batch;
+        let max_wait = if self.exit_when_idle {
+            Duration::ZERO
+        } else {
+            batch.max_wait
+        };
+        while let Some(trainer) = self.trainers.get_mut(tenant) {
+            if stop.load(Ordering::SeqCst) || !trainer.ready(batch.samples_per_step, max_wait, idle)
+            {
+                break;
+            }
+            busy = true;
+            if let Some(report) = trainer.step(self.model, self.config)? {
+                self.metrics.record(&report);
+                *self
+                    .summary
+                    .optimizer_steps
+                    .entry(tenant.clone())
+                    .or_default() += 1;
+            }
+            if trainer.checkpoint_due(self.config.checkpoint.every) {
+                let acks = trainer.checkpoint(self.config, &self.base_model)?;
+                self.ack(tenant, acks)?;
+            }
+        }
+        if let Some(trainer) = self.trainers.get_mut(tenant) {
+            if idle
+                && !trainer.has_queued()
+                && (trainer.dirty() || trainer.ackable_without_checkpoint())
+            {
+                let acks = trainer.checkpoint(self.config, &self.base_model)?;
+                self.ack(tenant, acks)?;
+                busy = true;
+            }
+        }
+        Ok(busy)
+    }
+
+    fn ack(&mut self, tenant: &TenantId, acks: Vec<DeliveryId>) -> Result<(), TrainError> {
+        if acks.is_empty() {
+            return Ok(());
+        }
+        self.rt
+            .block_on(self.store.ack(tenant, &self.consumer.group, &acks))
+            .map_err(TrainError::datapool("ack"))?;
+        *self.summary.acked.entry(tenant.clone()).or_default() += acks.len();
+        Ok(())
+    }
+
+    /// Checkpoints every tenant with unsaved steps and acks what the checkpoints hold.
+    fn flush_all(&mut self) -> Result<(), TrainError> {
+        let tenants: Vec<TenantId> = self.trainers.keys().cloned().collect();
+        for tenant in tenants {
+            let Some(trainer) = self.trainers.get_mut(&tenant) else {
+                continue;
+            };
+            if trainer.dirty() || trainer.ackable_without_checkpoint() {
+                let acks = trainer.checkpoint(self.config, &self.base_model)?;
+                self.ack(&tenant, acks)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The trajectories of a ready entry, and whether they are a group; `None` when it is gone.
+fn load(
+    rt: &Runtime,
+    store: &dyn Store,
+    tenant: &TenantId,
+    item: ReadyItem,
+) -> Result<Option<(Vec<TrajectoryRecord>, bool)>, TrainError> {
+    let fetch = TrainError::datapool("trajectory fetch");
+    match item {
+        ReadyItem::Trajectory(id) => Ok(rt
+            .block_on(store.trajectory(tenant, &id))
+            .map_err(fetch)?
+            .map(|r| (vec![r], false))),
+        ReadyItem::Group(id) => {
+            let Some(group) = rt
+                .block_on(store.group(tenant, &id))
+                .map_err(TrainError::datapool("group fetch"))?
+            else {
+                return Ok(None);
+            };
+            let mut records = Vec::with_capacity(group.finished.len());
+            for member in &group.finished {
+                let record = rt
+                    .block_on(store.trajectory(tenant, member))
+                    .map_err(TrainError::datapool("trajectory fetch"))?;
+                records.extend(record);
+            }
+            Ok(Some((records, true)))
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! One tenant's training state over the shared frozen base: its adapter and optimizer, the
+//! samples waiting for a step, and the bookkeeping that ties deliveries to checkpoints.
+//!
+//! **Exactly once, across crashes.** Two sets of step ids are kept: `handed_out` (every step
+//! made into a sample by this process, so a delivery that comes back while its first copy is
+//! still queued is not trained twice) and `applied` (only the steps an optimizer step used).
+//! `applied` is what a checkpoint stores: after a restart, a step that was handed out but not
+//! checkpointed is not in it and is trained when its unacked delivery comes back, while a step
+//! in the checkpoint is dropped as a duplicate. A delivery is acked only after the checkpoint
+//! holding its data is on disk.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{DeliveryId, StepId, TenantId, TrajectoryRecord, UnixMs};
+use tch::Kind;
+
+use crate::lora::LoraAdapter;
+use crate::losses::{
+    combined_advantages, opd_advantages, policy_loss, token_logprobs, AdvantageSource,
+    AdvantageWeights, LossConfig, PolicyBatch,
+};
+use crate::model::Model;
+use crate::optim::Optimizer;
+use crate::samples::{SampleOptions, SampleStats, SeenSteps};
+use crate::scoring::{completion_logprobs, Teacher};
+use crate::train::advantages::{score_delivery, Dropped, ScoreOptions, Scored};
+use crate::train::batch::{plan, MicroBatch};
+use crate::train::checkpoint::{CheckpointState, TenantCheckpoints};
+use crate::train::config::TrainConfig;
+use crate::train::error::TrainError;
+use crate::train::metrics::StepReport;
+use crate::train::text::TextCodec;
+
+/// The scored samples of one delivery, waiting for an optimizer step.
+struct Queued {
+    delivery: DeliveryId,
+    samples: Vec<Scored>,
+    since: Instant,
+}
+
+/// A tenant's adapter, optimizer and queue.
+pub struct TenantTrainer {
+    tenant: TenantId,
+    adapter: LoraAdapter,
+    optimizer: Optimizer,
+    checkpoints: TenantCheckpoints,
+    handed_out: SeenSteps,
+    applied: SeenSteps,
+    queue: VecDeque<Queued>,
+    /// Deliveries read and not yet acked: a redelivery of one of them is skipped.
+    in_flight: HashSet<DeliveryId>,
+    /// Consumed since the last checkpoint (trained, or nothing to train): acked after the next.
+    consumed: Vec<DeliveryId>,
+    applied_since_checkpoint: Vec<StepId>,
+    steps_since_checkpoint: u64,
+    stats: SampleStats,
+    dropped: Dropped,
+}
+
+/// What to ack after a checkpoint (or at once, when nothing changed since the last one).
+pub type Acks = Vec<DeliveryId>;
+
+impl TenantTrainer {
+    /// Resumes from the tenant's latest checkpoint, or starts a fresh adapter. Returns the
+    /// trainer and the deliveries the latest checkpoint holds (to ack again: the process may
+    /// have died between writing it and acking).
+    pub fn open(
+        tenant: TenantId,
+        model: &Model,
+        config: &TrainConfig,
+    ) -> Result<(Self, Acks), TrainError> {
+        let checkpoints = TenantCheckpoints::open(&config.checkpoint.dir, &tenant)?;
+        let device = model.placement().device;
+        let latest = checkpoints.latest()?;
+        let (adapter, applied, resume_acks) = match &latest {
+            Some(saved) => (
+                saved.load_adapter(model.config(), device)?,
+                saved.state.seen.clone(),
+                saved.state.deliveries.clone(),
+            ),
+            None => (
+                LoraAdapter::new(model.config(), config.lora_config(), device)?,
+                SeenSteps::new(config.batch.seen_capacity),
+                Vec::new(),
+            ),
+        };
+        let mut optimizer =
+            Optimizer::new(adapter.var_store(), config.adamw(), config.lr_schedule())?;
+        if let Some(saved) = &latest {
+            saved.restore_optimizer(&mut optimizer)?;
+        }
+        Ok((
+            TenantTrainer {
+                tenant,
+                adapter,
+                optimizer,
+                checkpoints,
+                handed_out: applied.clone(),
+                applied,
+                queue: VecDeque::new(),
+                in_flight: HashSet::new(),
+                consumed: Vec::new(),
+                applied_since_checkpoint: Vec::new(),
+                steps_since_checkpoint: 0,
+                stats: SampleStats::default(),
+                dropped: Dropped::default(),
+            },
+            resume_acks,
+        ))
+    }
+
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+
+    pub fn optimizer_steps(&self) -> u64 {
+        self.optimizer.steps()
+    }
+
+    /// Whether `delivery` is already read and not acked (a redelivery to skip).
+    pub fn is_in_flight(&self, delivery: &DeliveryId) -> bool {
+        self.in_flight.contains(delivery)
+    }
+
+    /// Counts a ready entry whose trajectory or group was gone; it is consumed like any other.
+    pub fn missing(&mut self, delivery: DeliveryId) {
+        self.dropped.missing += 1;
+        self.in_flight.insert(delivery.clone());
+        self.consumed.push(delivery);
+    }
+
+    /// Scores a delivery's trajectories and queues its samples.
+    pub fn ingest(
+        &mut self,
+        delivery: DeliveryId,
+        records: &[TrajectoryRecord],
+        is_group: bool,
+        options: &ScoreOptions<'_>,
+    ) {
+        self.in_flight.insert(delivery.clone());
+        let samples = score_delivery(
+            records,
+            is_group,
+            options,
+            &mut self.handed_out,
+            &mut self.stats,
+            &mut self.dropped,
+        );
+        if samples.is_empty() {
+            self.consumed.push(delivery);
+        } else {
+            self.queue.push_back(Queued {
+                delivery,
+                samples,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    fn queued_samples(&self) -> usize {
+        self.queue.iter().map(|q| q.samples.len()).sum()
+    }
+
+    /// Whether an optimizer step should run now: enough samples, or (when nothing more is
+    /// ready) the oldest has waited `max_wait`.
+    pub fn ready(&self, samples_per_step: usize, max_wait: Duration, idle: bool) -> bool {
+        let queued = self.queued_samples();
+        queued >= samples_per_step
+            || (idle
+                && queued > 0
+                && self
+                    .queue
+                    .front()
+                    .is_some_and(|q| q.since.elapsed() >= max_wait))
+    }
+
+    /// Whether a step waits for more samples.
+    pub fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// One optimizer step over whole deliveries from the front of the queue, at least
+    /// `samples_per_step` samples when that many are queued. `None` when nothing in them had a
+    /// token to learn from (they are consumed all the same).
+    pub fn step(
+        &mut self,
+        model: &Model,
+        config: &TrainConfig,
+    ) -> Result<Option<StepReport>, TrainError> {
+        let started = Instant::now();
+        let mut items: Vec<Scored> = Vec::new();
+        let mut deliveries = Vec::new();
+        while items.len() < config.batch.samples_per_step {
+            let Some(q) = self.queue.pop_front() else {
+                break;
+            };
+            deliveries.push(q.delivery);
+            items.extend(q.samples);
+        }
+        let report = self.train_on(model, config, &items, started);
+        // Whatever happened, the gradients of an unfinished step must not leak into the next.
+        if report.is_err() {
+            self.optimizer.zero_grad();
+        }
+        let report = report?;
+        if report.is_some() {
+            for item in &items {
+                for step in &item.sample.step_ids {
+                    self.applied.insert(*step);
+                    self.applied_since_checkpoint.push(*step);
+                }
+            }
+            self.steps_since_checkpoint += 1;
+        }
+        self.consumed.extend(deliveries);
+        Ok(report)
+    }
+
+    fn train_on(
+        &mut self,
+        model: &Model,
+        config: &TrainConfig,
+        items: &[Scored],
+        started: Instant,
+    ) -> Result<Option<StepReport>, TrainError> {
+        let device = model.placement().device;
+        let lengths: Vec<usize> = items.iter().map(|s| s.sample.len()).collect();
+        let groups = plan(&lengths, config.batch.micro_batch_tokens);
+        let teacher_adapter = match config.teacher() {
+            Teacher::FrozenBase => None,
+            Teacher::CurrentPolicy => Some(&self.adapter),
+        };
+        let mut batches = Vec::with_capacity(groups.len());
+        for group in &groups {
+            let rows: Vec<&Scored> = group.iter().map(|&i| &items[i]).collect();
+            let mb = MicroBatch::build(&rows, device, |prompt, completion| {
+                let to_i64 = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+                let lp = completion_logprobs(
+                    model,
+                    teacher_adapter,
+                    &to_i64(prompt),
+                    &to_i64(completion),
+                )?;
+                Vec::<f32>::try_from(&lp.to_kind(Kind::Float).to_device(tch::Device::Cpu))
+                    .map_err(TrainError::Torch)
+            })?;
+            if mb.counted_tokens > 0 {
+                batches.push(mb);
+            }
+        }
+        let total: usize = batches.iter().map(|b| b.counted_tokens).sum();
+        if total == 0 {
+            return Ok(None);
+        }
+        let loss_config = config.loss_config();
+        let weights = config.advantage_weights();
+        let mut acc = Accumulated::default();
+        for mb in &batches {
+            let share = mb.counted_tokens as f64 / total as f64;
+            self.micro_step(model, mb, &loss_config, weights, share, &mut acc)?;
+        }
+        let stats = self.optimizer.apply();
+        let seconds = started.elapsed().as_secs_f64();
+        let rewards: Vec<f64> = items.iter().filter_map(|s| s.reward).collect();
+        let tokens: usize = batches.iter().map(|b| b.real_tokens).sum();
+        let adv_mean = acc.adv_sum / acc.adv_count.max(1.0);
+        let adv_var = (acc.adv_sq_sum / acc.adv_count.max(1.0) - adv_mean * adv_mean).max(0.0);
+        Ok(Some(StepReport {
+            tenant: self.tenant.clone(),
+            step: self.optimizer.steps(),
+            lr: stats.lr,
+            loss: acc.loss,
+            clip_fraction: acc.clip_fraction,
+            ratio_mean: acc.ratio_mean,
+            kl: acc.kl,
+            entropy: acc.entropy,
+            grad_norm: stats.grad_norm,
+            reward_mean: (!rewards.is_empty())
+                .then(|| rewards.iter().sum::<f64>() / rewards.len() as f64),
+            advantage_mean: adv_mean,
+            advantage_std: adv_var.sqrt(),
+            samples: items.len(),
+            micro_batches: batches.len(),
+            loss_tokens: total,
+            tokens,
+            tokens_per_second: tokens as f64 / seconds.max(1e-9),
+            seconds,
+            samples_stats: self.stats,
+            dropped: self.dropped,
+        }))
+    }
+
+    /// Forward, loss and backward of one micro-batch, its loss scaled by its share of the
+    /// step's tokens so the accumulated gradient is the token-mean over the whole step.
+    fn micro_step(
+        &mut self,
+        model: &Model,
+        mb: &MicroBatch,
+        loss_config: &LossConfig,
+        weights: AdvantageWeights,
+        share: f64,
+        acc: &mut Accumulated,
+    ) -> Result<(), TrainError> {
+        let logits = model.forward(&mb.inputs, Some(&self.adapter), true)?;
+        let behaviour = if mb.needs_policy_behaviour {
+            let current = tch::no_grad(|| token_logprobs(&logits.detach(), &mb.targets));
+            current.where_self(&mb.from_policy.gt(0.0), &mb.behaviour)
+        } else {
+            mb.behaviour.shallow_clone()
+        };
+        let opd_adv = if mb.has_opd() {
+            Some(opd_advantages(&mb.teacher, &behaviour)?)
+        } else {
+            None
+        };
+        let rl = AdvantageSource {
+            advantages: &mb.rl_advantages,
+            mask: &mb.rl_mask,
+        };
+        let opd = opd_adv.as_ref().map(|a| AdvantageSource {
+            advantages: a,
+            mask: &mb.opd_mask,
+        });
+        let Some((advantages, mask)) = combined_advantages(Some(rl), opd, weights) else {
+            return Ok(());
+        };
+        let mask = mask * &mb.loss_mask;
+        let reference = if loss_config.kl_coef > 0.0 {
+            let base = tch::no_grad(|| model.forward(&mb.inputs, None, false))?;
+            Some(tch::no_grad(|| token_logprobs(&base, &mb.targets)))
+        } else {
+            None
+        };
+        let batch = PolicyBatch {
+            logits: &logits,
+            tokens: &mb.targets,
+            behaviour_logprobs: &behaviour,
+            advantages: &advantages,
+            mask: &mask,
+            reference_logprobs: reference.as_ref(),
+        };
+        let (loss, m) = policy_loss(&batch, loss_config)?;
+        let scaled = loss * share;
+        acc.loss += scaled.double_value(&[]);
+        self.optimizer.accumulate(&scaled);
+        acc.clip_fraction += m.clip_fraction * share;
+        acc.ratio_mean += m.ratio_mean * share;
+        acc.kl += m.kl * share;
+        acc.entropy += m.entropy * share;
+        tch::no_grad(|| {
+            let a = &advantages * &mask;
+            acc.adv_sum += a.sum(Kind::Double).double_value(&[]);
+            acc.adv_sq_sum += (&a * &a).sum(Kind::Double).double_value(&[]);
+            acc.adv_count += mask.sum(Kind::Double).double_value(&[]);
+        });
+        Ok(())
+    }
+
+    /// Whether a checkpoint is due (`every` steps since the last).
+    pub fn checkpoint_due(&self, every: u64) -> bool {
+        self.steps_since_checkpoint >= every
+    }
+
+    /// Writes a checkpoint when any step happened since the last one, and returns the
+    /// deliveries that may now be acked: those whose data it holds, and those that had nothing
+    /// to train. With no step since the last checkpoint, those are safe to ack at once.
+    pub fn checkpoint(
+        &mut self,
+        config: &TrainConfig,
+        base_model: &str,
+    ) -> Result<Acks, TrainError> {
+        if self.steps_since_checkpoint > 0 {
+            let state = CheckpointState {
+                tenant: self.tenant.clone(),
+                optimizer_steps: self.optimizer.steps(),
+                applied_steps: self.applied_since_checkpoint.clone(),
+                deliveries: self.consumed.clone(),
+                seen: self.applied.clone(),
+                created_at: UnixMs::now(),
+            };
+            self.checkpoints.write(
+                &state,
+                &self.adapter,
+                &self.optimizer,
+                Some(base_model),
+                config.checkpoint.keep_last,
+            )?;
+            self.applied_since_checkpoint.clear();
+            self.steps_since_checkpoint = 0;
+        }
+        let acks = std::mem::take(&mut self.consumed);
+        for id in &acks {
+            self.in_flight.remove(id);
+        }
+        Ok(acks)
+    }
+
+    /// Deliveries consumed without a step since the last checkpoint: ackable without writing one.
+    pub fn ackable_without_checkpoint(&self) -> bool {
+        self.steps_since_checkpoint == 0 && !self.consumed.is_empty()
+    }
+
+    /// Whether steps happened since the last checkpoint.
+    pub fn dirty(&self) -> bool {
+        self.steps_since_checkpoint > 0
+    }
+}
+
+/// Metrics summed over a step's micro-batches, each weighted by its share of the tokens.
+#[derive(Default)]
+struct Accumulated {
+    loss: f64,
+    clip_fraction: f64,
+    ratio_mean: f64,
+    kl: f64,
+    entropy: f64,
+    adv_sum: f64,
+    adv_sq_sum: f64,
+    adv_count: f64,
+}
+
+/// The options scoring needs, borrowed from the config and the loaded parts.
+pub fn score_options<'a>(
+    config: &TrainConfig,
+    vocab_size: i64,
+    weights: &'a clawback_datapool::reward::RewardWeights,
+    text: Option<&'a TextCodec>,
+    current_version: Option<u64>,
+) -> ScoreOptions<'a> {
+    ScoreOptions {
+        samples: SampleOptions {
+            current_version,
+            max_staleness: config.batch.max_staleness,
+            max_merged_len: Some(config.batch.max_seq_len),
+        },
+        weights,
+        normalization: config.group_normalization(),
+        distill: config.loss.opd_weight > 0.0,
+        max_seq_len: config.batch.max_seq_len,
+        vocab_size: usize::try_from(vocab_size).unwrap_or(0),
+        text,
+    }
+}

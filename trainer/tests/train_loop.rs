@@ -1,0 +1,421 @@
+//! The training loop end to end, with real parts: a tiny random model folder made on the spot,
+//! real libtorch, recorded trajectories in the datapool's schema in a real LocalStore (SQLite)
+//! or a real Redis, and the real `clawback-trainer` binary killed with SIGKILL and restarted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{
+    LocalStore, RedisConfig, RedisStore, StepId, TenantId, Tokens, Trajectory, TrajectoryId,
+};
+use clawback_trainer::config::ModelConfig;
+use clawback_trainer::lora::LoraAdapter;
+use clawback_trainer::train::{self, RunOptions, TrainConfig};
+use common::{checkpoints, fresh_tenant, record, tiny_model_dir, unacked};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A config over `datapool` for `tenant`, checkpoints and metrics under `dir`.
+fn config_text(dir: &Path, model: &Path, datapool: &str, tenant: &TenantId, extra: &str) -> String {
+    format!(
+        r#"
+model = "{model}"
+device = "cpu"
+threads = 1
+datapool = "{datapool}"
+tenants = ["{tenant}"]
+poll_interval = "50ms"
+
+[consumer]
+group = "trainer"
+name = "trainer-0"
+claim_idle = "1s"
+max_deliveries = 100
+
+[lora]
+rank = 4
+alpha = 8.0
+
+[optimizer]
+lr = 1e-2
+
+[schedule]
+warmup_steps = 1
+
+[checkpoint]
+dir = "{checkpoints}"
+keep_last = 0
+
+[metrics]
+progress = true
+jsonl = "{jsonl}"
+{extra}
+"#,
+        model = model.display(),
+        checkpoints = dir.join("checkpoints").display(),
+        jsonl = dir.join("metrics.jsonl").display(),
+    )
+}
+
+/// A temporary folder with a tiny model folder and an embedded datapool in `data/`.
+fn local_setup() -> (tempfile::TempDir, PathBuf, PathBuf, LocalStore) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let model = tiny_model_dir(&dir.path().join("model"));
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
+    let store =
+        LocalStore::open(data.join(train::run::LOCAL_FILE)).unwrap_or_else(|e| panic!("{e}"));
+    (dir, model, data, store)
+}
+
+/// Runs the loop in-process as a batch job over what is ready (`--exit-when-idle`).
+fn train_until_idle(config_text: &str) -> train::Summary {
+    let config = TrainConfig::from_toml(config_text).unwrap_or_else(|e| panic!("{e}"));
+    let options = RunOptions {
+        exit_when_idle: true,
+        handle_signals: false,
+    };
+    train::run(&config, options, Arc::new(AtomicBool::new(false))).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("metrics line {l:?}: {e}")))
+        .collect()
+}
+
+/// What every successful run must leave behind: steps taken, a PEFT adapter that loads and was
+/// moved off its zero init, every recorded step applied exactly once, every entry acked.
+fn assert_trained_everything(
+    dir: &Path,
+    model: &Path,
+    tenant: &TenantId,
+    recorded: &common::Recorded,
+) -> Vec<(
+    std::path::PathBuf,
+    clawback_trainer::train::checkpoint::CheckpointState,
+)> {
+    let saved = checkpoints(&dir.join("checkpoints"), tenant);
+    let latest = saved
+        .last()
+        .unwrap_or_else(|| panic!("no checkpoint written"));
+    assert!(latest.1.optimizer_steps >= 2, "{:?}", latest.1);
+
+    let adapter_dir = latest.0.join("adapter");
+    assert!(adapter_dir.join("adapter_config.json").is_file());
+    assert!(adapter_dir.join("adapter_model.safetensors").is_file());
+    let peft: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapter_dir.join("adapter_config.json")).unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(peft["peft_type"], "LORA");
+    assert_eq!(peft["r"], 4);
+    let config = ModelConfig::from_dir(model).unwrap_or_else(|e| panic!("{e}"));
+    let adapter = LoraAdapter::load(&adapter_dir, &config, tch::Device::Cpu)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let moved: f64 = adapter
+        .var_store()
+        .variables()
+        .iter()
+        .filter(|(name, _)| name.contains("lora_B"))
+        .map(|(_, t)| t.abs().sum(tch::Kind::Double).double_value(&[]))
+        .sum();
+    assert!(moved > 0.0, "training left every lora_B at its zero init");
+
+    let mut applied: Vec<StepId> = saved
+        .iter()
+        .flat_map(|(_, s)| s.applied_steps.iter().copied())
+        .collect();
+    let total = applied.len();
+    applied.sort();
+    applied.dedup();
+    assert_eq!(applied.len(), total, "a step was applied twice");
+    let mut expected = recorded.steps.clone();
+    expected.sort();
+    assert_eq!(applied, expected, "not every recorded step was trained on");
+    saved
+}
+
+#[test]
+fn the_loop_trains_from_a_local_store_checkpoints_in_peft_format_and_acks() {
+    let (dir, model, data, store) = local_setup();
+    let tenant = fresh_tenant("local");
+    let rt = runtime();
+    // Two groups of four rollouts and three single sessions: 11 trajectories, 22 steps.
+    let recorded = rt.block_on(record(&store, &tenant, 2, 4, 3));
+
+    let text = config_text(
+        dir.path(),
+        &model,
+        &data.display().to_string(),
+        &tenant,
+        "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\nmax_seq_len = 128\n",
+    );
+    let summary = train_until_idle(&text);
+
+    assert!(summary.optimizer_steps[&tenant] >= 2, "{summary:?}");
+    assert_eq!(summary.acked[&tenant], recorded.ready_entries);
+    assert_trained_everything(dir.path(), &model, &tenant, &recorded);
+    assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
+
+    let lines = jsonl(&dir.path().join("metrics.jsonl"));
+    assert_eq!(lines.len() as u64, summary.optimizer_steps[&tenant]);
+    let last = &lines[lines.len() - 1];
+    for key in [
+        "loss",
+        "clip_fraction",
+        "kl",
+        "entropy",
+        "tokens_per_second",
+        "advantage_std",
+    ] {
+        assert!(
+            last[key].as_f64().is_some_and(f64::is_finite),
+            "{key}: {last}"
+        );
+    }
+    // The filter errors were ignored and counted; the hints could not be distilled without a
+    // tokenizer in the model folder, and say so.
+    assert_eq!(last["dropped"]["filter_errors"], 8);
+    assert_eq!(last["dropped"]["hints_unused"], 3);
+}
+
+#[test]
+fn the_loop_trains_from_redis_under_its_own_tenant() {
+    let url =
+        std::env::var("CLAWBACK_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let model = tiny_model_dir(&dir.path().join("model"));
+    let tenant = fresh_tenant("redis");
+    let _cleanup = TenantKeys {
+        url: url.clone(),
+        tenant: tenant.clone(),
+    };
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::connect(&RedisConfig::single(url.clone())))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let recorded = rt.block_on(record(&store, &tenant, 1, 4, 2));
+
+    let text = config_text(
+        dir.path(),
+        &model,
+        &url,
+        &tenant,
+        "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 2\nmicro_batch_tokens = 256\nmax_seq_len = 128\n",
+    );
+    let summary = train_until_idle(&text);
+
+    assert!(summary.optimizer_steps[&tenant] >= 2, "{summary:?}");
+    assert_eq!(summary.acked[&tenant], recorded.ready_entries);
+    assert_trained_everything(dir.path(), &model, &tenant, &recorded);
+    assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
+}
+
+/// Deletes a tenant's keys from Redis when dropped, also when the test fails.
+struct TenantKeys {
+    url: String,
+    tenant: TenantId,
+}
+
+impl Drop for TenantKeys {
+    fn drop(&mut self) {
+        let Ok(client) = redis::Client::open(self.url.as_str()) else {
+            return;
+        };
+        let Ok(mut conn) = client.get_connection() else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("clawback:{{{}}}:*", self.tenant))
+            .query(&mut conn)
+            .unwrap_or_default();
+        for key in keys {
+            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(key).query(&mut conn);
+        }
+        let _: redis::RedisResult<i64> = redis::cmd("SREM")
+            .arg("clawback:tenants")
+            .arg(self.tenant.as_str())
+            .query(&mut conn);
+    }
+}
+
+/// Kills the child on drop, so a failing test leaves no trainer behind.
+struct Trainer(Child);
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_trainer(config: &Path, jsonl_name: &str) -> Trainer {
+    let child = Command::new(env!("CARGO_BIN_EXE_clawback-trainer"))
+        .args(["train", "--config"])
+        .arg(config)
+        .env("CLAWBACK_TRAINER_METRICS__JSONL", jsonl_name)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn the trainer: {e}"));
+    Trainer(child)
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_trainer_killed_after_its_first_checkpoint_resumes_losing_nothing_and_repeating_nothing() {
+    let (dir, model, data, store) = local_setup();
+    let tenant = fresh_tenant("crash");
+    let rt = runtime();
+    // 24 single sessions: one delivery and one sample each, so with one sample per step every
+    // optimizer step trains exactly one trajectory and the final step count is checkable.
+    let recorded = rt.block_on(record(&store, &tenant, 0, 0, 24));
+
+    let config_path = dir.path().join("trainer.toml");
+    let text = config_text(
+        dir.path(),
+        &model,
+        &data.display().to_string(),
+        &tenant,
+        "[batch]\nsamples_per_step = 1\nmax_wait = \"0s\"\nmicro_batch_tokens = 256\nmax_seq_len = 128\n",
+    );
+    let text = text.replace("[checkpoint]\n", "[checkpoint]\nevery = 2\n");
+    std::fs::write(&config_path, text).unwrap_or_else(|e| panic!("{e}"));
+    let root = dir.path().join("checkpoints");
+
+    let first_log = dir.path().join("first.jsonl");
+    let mut first = spawn_trainer(&config_path, &first_log.display().to_string());
+    wait_for("the first checkpoint", Duration::from_secs(90), || {
+        !checkpoints(&root, &tenant).is_empty()
+    });
+    first.0.kill().unwrap_or_else(|e| panic!("SIGKILL: {e}"));
+    let _ = first.0.wait();
+    let at_kill = checkpoints(&root, &tenant)
+        .last()
+        .map_or(0, |(_, s)| s.optimizer_steps);
+    let stepped_before_kill = jsonl(&first_log).len();
+    println!("killed after {stepped_before_kill} steps, latest checkpoint at step {at_kill}");
+
+    // The restarted trainer takes over the dead one's unacked entries after claim_idle (1 s),
+    // then trains until every recorded step is in a checkpoint; SIGTERM stops it gracefully.
+    let second_log = dir.path().join("second.jsonl");
+    let mut second = spawn_trainer(&config_path, &second_log.display().to_string());
+    let mut expected = recorded.steps.clone();
+    expected.sort();
+    wait_for(
+        "every step in a checkpoint",
+        Duration::from_secs(90),
+        || {
+            let mut applied: Vec<StepId> = checkpoints(&root, &tenant)
+                .iter()
+                .flat_map(|(_, s)| s.applied_steps.iter().copied())
+                .collect();
+            applied.sort();
+            applied.dedup();
+            applied == expected
+        },
+    );
+    let pid = second.0.id().to_string();
+    let term = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(term.is_ok_and(|s| s.success()), "could not send SIGTERM");
+    let status = second.0.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        status.success(),
+        "the trainer did not stop cleanly on SIGTERM: {status}"
+    );
+
+    let saved = assert_trained_everything(dir.path(), &model, &tenant, &recorded);
+    // Continuous optimizer steps: the restart continued from the checkpoint it found, and as
+    // each step trains one trajectory, the count is the number of trajectories exactly.
+    let resumed = jsonl(&second_log);
+    if at_kill < 24 {
+        assert_eq!(
+            resumed.first().and_then(|l| l["step"].as_u64()),
+            Some(at_kill + 1)
+        );
+    }
+    let last = saved.last().map_or(0, |(_, s)| s.optimizer_steps);
+    assert_eq!(last, 24);
+    assert_eq!(at_kill + resumed.len() as u64, 24);
+    let numbers: Vec<u64> = saved.iter().map(|(_, s)| s.optimizer_steps).collect();
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+    assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
+}
+
+#[test]
+fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenizer() {
+    let (dir, model, data, store) = local_setup();
+    common::add_tokenizer(&model);
+    let tenant = fresh_tenant("text");
+    let rt = runtime();
+    let mut all_steps = Vec::new();
+    for thumb in [1.0, -1.0] {
+        let traj = Trajectory::open(tenant.clone(), TrajectoryId::new());
+        let mut steps = common::recorded_steps(&tenant, traj.id, 0);
+        // The second turn came from an OpenAI upstream: text only, no ids, no logprobs.
+        steps[1].tokens = Tokens::None;
+        let evaluations = vec![
+            common::feedback(&tenant, traj.id, thumb),
+            common::plugin_score(
+                &tenant,
+                traj.id,
+                Some(steps[0].id),
+                "opd-hint",
+                None,
+                Some("Mention the umbrella."),
+            ),
+        ];
+        all_steps.extend(steps.iter().map(|s| s.id));
+        rt.block_on(common::write_trajectory(
+            &store,
+            &traj,
+            &steps,
+            &evaluations,
+        ));
+    }
+    let text = config_text(
+        dir.path(),
+        &model,
+        &data.display().to_string(),
+        &tenant,
+        "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 8\nmicro_batch_tokens = 512\nmax_seq_len = 256\n",
+    );
+    let summary = train_until_idle(&text);
+    assert_eq!(summary.optimizer_steps[&tenant], 1);
+
+    let lines = jsonl(&dir.path().join("metrics.jsonl"));
+    let last = &lines[lines.len() - 1];
+    assert_eq!(last["samples_stats"]["text_only"], 2, "{last}");
+    assert_eq!(last["dropped"]["text_only_skipped"], 0, "{last}");
+    assert_eq!(last["dropped"]["hints_unused"], 0, "{last}");
+    // Two engine samples and two re-tokenised ones.
+    assert_eq!(last["samples"], 4, "{last}");
+    let mut applied: Vec<StepId> = checkpoints(&dir.path().join("checkpoints"), &tenant)
+        .iter()
+        .flat_map(|(_, s)| s.applied_steps.iter().copied())
+        .collect();
+    applied.sort();
+    all_steps.sort();
+    assert_eq!(applied, all_steps);
+    assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
+}
