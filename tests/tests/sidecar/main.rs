@@ -6,5 +6,6 @@ mod lifecycle;
 mod limits;
 mod recording;
 mod redis;
+mod routing;
 mod sdk;
 mod support;
