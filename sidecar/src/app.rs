@@ -9,8 +9,10 @@
 //!    with `Retry-After` at once;
 //! 4. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
 //!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here; an API call
-//!    has its body read within the size and time limits, then is forwarded to a balanced
-//!    upstream ([`Forwarder`]) and its response relayed back frame by frame.
+//!    has its body read within the size and time limits; a model call is routed to its tenant's
+//!    live adapter ([`crate::policy`]) and, with recording on, joins its trajectory; then it is
+//!    forwarded to a balanced upstream ([`Forwarder`]) and its response relayed back frame by
+//!    frame.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -33,6 +35,7 @@ use crate::layers::observe::{Observe, ObserveLayer};
 use crate::layers::request_id::{RequestIdLayer, RequestIdService};
 use crate::layers::ResponseFuture;
 use crate::metrics::{Metrics, UpstreamLabels};
+use crate::policy::{Lease, Routed, Router};
 use crate::recorder::{request, Pending, Recorder};
 use crate::route::Route;
 use crate::route::{Endpoint, SessionId};
@@ -52,6 +55,8 @@ pub struct App {
     pub tenants: TenantResolver,
     /// `None` when `recording.enabled` is off.
     pub recorder: Option<Arc<Recorder>>,
+    /// `None` when routing is off (`routing.base_model` unset).
+    pub router: Option<Router>,
     /// Forwarding and relay tasks; shutdown waits for them.
     pub tasks: TaskTracker,
     /// Stops the background work (the recorder's sweeper) at shutdown.
@@ -92,14 +97,31 @@ impl App {
         )?);
         let tenants = TenantResolver::new(&config.tenants)?;
         let background = CancellationToken::new();
-        let recorder = if config.recording.enabled {
-            let store = crate::store::open(&config).await?;
-            let recorder = Recorder::start(config.recording.clone(), store, Arc::clone(&metrics))?;
-            let stop = background.clone();
-            tokio::spawn(Arc::clone(&recorder).sweep_until(async move { stop.cancelled().await }));
-            Some(recorder)
+        let store = if config.recording.enabled || config.routing.enabled() {
+            Some(crate::store::open(&config).await?)
         } else {
             None
+        };
+        let recorder = match &store {
+            Some(store) if config.recording.enabled => {
+                let recorder = Recorder::start(
+                    config.recording.clone(),
+                    Arc::clone(store),
+                    Arc::clone(&metrics),
+                )?;
+                let stop = background.clone();
+                tokio::spawn(
+                    Arc::clone(&recorder).sweep_until(async move { stop.cancelled().await }),
+                );
+                Some(recorder)
+            }
+            _ => None,
+        };
+        let router = match store {
+            Some(store) => {
+                crate::policy::start(&config, store, Arc::clone(&metrics), background.clone()).await
+            }
+            None => None,
         };
         Ok(Arc::new(Self {
             config,
@@ -108,6 +130,7 @@ impl App {
             metrics,
             tenants,
             recorder,
+            router,
             tasks,
             background,
         }))
@@ -177,6 +200,7 @@ where
                 Route::Healthz => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
                 Route::Readyz => readiness(&app),
                 Route::Metrics => metrics(&app),
+                Route::Policies => crate::policy::admin::handle(&app, &request.into_parts().0),
                 Route::NotFound => ProxyError::NotFound {
                     method: request.method().to_string(),
                     path: request.uri().path().to_owned(),
@@ -224,60 +248,77 @@ where
         })?;
     let (parts, body) = request.into_parts();
     let body = read_body(&app.config, &parts.headers, body).await?;
-    let (body, recording) =
-        begin_recording(&app, &parts, endpoint, session.as_ref(), tenant, body)?;
+    let (body, recording, routed) =
+        prepare_model_call(&app, &parts, endpoint, session.as_ref(), tenant, body)?;
     app.forwarder
-        .call(parts, body, upstream_path, recording)
+        .call(parts, body, upstream_path, recording, routed.lease)
         .await
 }
 
-/// For a model call with recording on: decides its trajectory, and asks the engine for what the
-/// step records (token ids, logprobs). Anything that is not a JSON object is forwarded as it
-/// came — the engine answers the error, and there is nothing to record.
-fn begin_recording(
+/// For a model call: routes it to the tenant's live adapter and, with recording on, decides its
+/// trajectory and asks the engine for what the step records (token ids, logprobs). Anything that
+/// is not a JSON object is forwarded as it came — the engine answers the error, and there is
+/// nothing to route or record.
+fn prepare_model_call(
     app: &App,
     parts: &http::request::Parts,
     endpoint: Endpoint,
     session: Option<&SessionId>,
     tenant: TenantId,
     body: Bytes,
-) -> Result<(Bytes, Option<Pending>), ProxyError> {
-    let (Some(recorder), Some(step_endpoint)) = (&app.recorder, request::endpoint(endpoint)) else {
-        return Ok((body, None));
+) -> Result<(Bytes, Option<Pending>, Routed), ProxyError> {
+    let Some(step_endpoint) = request::endpoint(endpoint) else {
+        return Ok((body, None, Routed::default()));
     };
-    if parts.method != http::Method::POST {
-        return Ok((body, None));
+    if parts.method != http::Method::POST || (app.recorder.is_none() && app.router.is_none()) {
+        return Ok((body, None, Routed::default()));
     }
     let Ok(mut json) = serde_json::from_slice::<Value>(&body) else {
-        return Ok((body, None));
+        return Ok((body, None, Routed::default()));
     };
     if !json.is_object() {
-        return Ok((body, None));
+        return Ok((body, None, Routed::default()));
     }
+    let routed = match &app.router {
+        Some(router) => router.route(&tenant, &mut json),
+        None => Routed::default(),
+    };
+    let Some(recorder) = &app.recorder else {
+        return Ok((reencode_if(routed.rewritten, &json, body), None, routed));
+    };
     let hints = Hints::read(session, &parts.headers, Some(&json))?;
     let traceparent = parts
         .headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
+    let mut call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
+    call.policy = routed.lease.as_ref().map(Lease::policy_ref);
     let model = json["model"].as_str().unwrap_or_default().to_owned();
     let capture = Capture::for_request(app.config.upstream_kind, step_endpoint, &mut json);
-    let body = if capture.injected().is_empty() {
-        body
-    } else {
-        match serde_json::to_vec(&json) {
-            Ok(rewritten) => Bytes::from(rewritten),
-            Err(_) => body,
-        }
-    };
+    let body = reencode_if(
+        routed.rewritten || !capture.injected().is_empty(),
+        &json,
+        body,
+    );
     let pending = Pending {
         recorder: Arc::clone(recorder),
         call,
         capture,
         model,
     };
-    Ok((body, Some(pending)))
+    Ok((body, Some(pending), routed))
+}
+
+/// `json` as the new body when it was changed, else the body as it came.
+fn reencode_if(changed: bool, json: &Value, body: Bytes) -> Bytes {
+    if !changed {
+        return body;
+    }
+    match serde_json::to_vec(json) {
+        Ok(rewritten) => Bytes::from(rewritten),
+        Err(_) => body,
+    }
 }
 
 async fn read_body<B>(

@@ -77,6 +77,8 @@ pub struct Config {
     pub tenants: Tenants,
     pub recording: Recording,
     pub admin: Admin,
+    /// Per-tenant adapter routing ([`crate::policy`]).
+    pub routing: crate::policy::Routing,
     pub log: Log,
 }
 
@@ -229,6 +231,7 @@ impl Default for Config {
                 redact: Vec::new(),
             },
             admin: Admin { token: None },
+            routing: crate::policy::Routing::default(),
             log: Log {
                 format: LogFormat::Text,
                 filter: "info".to_owned(),
@@ -282,6 +285,7 @@ const ENV_KEYS: &[&str] = &[
     "tenants",
     "recording",
     "admin",
+    "routing",
     "log",
 ];
 
@@ -322,6 +326,7 @@ impl Config {
                 ConfigError::Semantic(format!("`recording.redact[{i}].pattern`: {e}"))
             })?;
         }
+        self.routing.check().map_err(ConfigError::Semantic)?;
         if self.limits.max_concurrent_requests == 0 {
             return Err(ConfigError::Semantic(
                 "`limits.max_concurrent_requests` must be at least 1".to_owned(),

@@ -25,6 +25,7 @@ use crate::config::UpstreamKind;
 use crate::error::ProxyError;
 use crate::layers::request_id::{RequestId, HEADER as REQUEST_ID_HEADER};
 use crate::metrics::{Metrics, UpstreamLabels};
+use crate::policy::Lease;
 use crate::recorder::Pending;
 use crate::relay::{Relay, RELAY_CAPACITY};
 use crate::upstream::{Failure, HealthChange, InFlight, Pool, Upstream};
@@ -97,13 +98,15 @@ impl Forwarder {
     ///
     /// The task outlives this future: a client that leaves before the head (a non-streaming
     /// call is all "before the head") or mid-stream does not cancel the upstream call, whose
-    /// response is still read to the end.
+    /// response is still read to the end. `lease` (the adapter serving the call) is held until
+    /// then, so the adapter counts the call as in flight until its response has ended.
     pub async fn call(
         self: &Arc<Self>,
         parts: request::Parts,
         body: Bytes,
         upstream_path: String,
         recording: Option<Pending>,
+        lease: Option<Lease>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (head_tx, head_rx) = oneshot::channel();
         let this = Arc::clone(self);
@@ -119,6 +122,7 @@ impl Forwarder {
                     let _ = head_tx.send(Err(e));
                 }
             }
+            drop(lease);
         });
         head_rx.await.unwrap_or_else(|_| {
             Err(ProxyError::Internal(

@@ -185,7 +185,7 @@ pub async fn handle(
     answer.await.unwrap_or_else(HandshakeError::into_response)
 }
 
-fn authorize(app: &App, parts: &request::Parts) -> Result<(), HandshakeError> {
+pub(crate) fn authorize(app: &App, parts: &request::Parts) -> Result<(), HandshakeError> {
     let expected = app
         .config
         .admin

@@ -14,6 +14,7 @@ pub mod forward;
 pub mod handshake;
 pub mod layers;
 pub mod metrics;
+pub mod policy;
 pub mod recorder;
 pub mod relay;
 pub mod route;

@@ -64,6 +64,20 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// Only tenants that have a published policy, which the trainer (not a client) creates.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+}
+
+impl TenantLabels {
+    pub fn new(tenant: &clawback_datapool::TenantId) -> Self {
+        Self {
+            tenant: tenant.to_string(),
+        }
+    }
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
@@ -84,6 +98,8 @@ pub struct Metrics {
     pub store_errors: Family<StoreErrorLabels, Counter>,
     pub trajectories_started: Counter,
     pub trajectories_completed: Family<ReasonLabels, Counter>,
+    pub policy_switches: Family<TenantLabels, Counter>,
+    pub policy_version: Family<TenantLabels, Gauge>,
 }
 
 fn request_buckets() -> Histogram {
@@ -197,6 +213,18 @@ impl Metrics {
             "Trajectories completed, by reason",
             trajectories_completed.clone(),
         );
+        let policy_switches = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "policy_switches",
+            "Times a tenant's calls were switched to a newly published policy",
+            policy_switches.clone(),
+        );
+        let policy_version = Family::<TenantLabels, Gauge>::default();
+        registry.register(
+            "policy_live_version",
+            "The version of the policy that serves each tenant's calls",
+            policy_version.clone(),
+        );
         Self {
             registry,
             requests,
@@ -215,6 +243,8 @@ impl Metrics {
             store_errors,
             trajectories_started,
             trajectories_completed,
+            policy_switches,
+            policy_version,
         }
     }
 

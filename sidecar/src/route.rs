@@ -74,6 +74,8 @@ pub enum Route {
     Healthz,
     Readyz,
     Metrics,
+    /// `GET /admin/policies`: live policies and calls in flight per adapter.
+    Policies,
     Api {
         endpoint: Endpoint,
         session: Option<SessionId>,
@@ -93,6 +95,7 @@ impl Route {
             "/healthz" => return Self::Healthz,
             "/readyz" => return Self::Readyz,
             "/metrics" => return Self::Metrics,
+            crate::policy::admin::PATH if *method == Method::GET => return Self::Policies,
             _ => {}
         }
         if let Some(handshake) = crate::handshake::Route::classify(method, path) {
@@ -133,6 +136,7 @@ impl Route {
             Self::Healthz => "healthz",
             Self::Readyz => "readyz",
             Self::Metrics => "metrics",
+            Self::Policies => "admin_policies",
             Self::Api { endpoint, .. } => endpoint.label(),
             Self::Handshake(_) => "handshake",
             Self::Ui(_) => "ui",

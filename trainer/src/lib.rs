@@ -12,6 +12,7 @@ pub mod lora;
 pub mod losses;
 pub mod model;
 pub mod optim;
+pub mod publish;
 mod pyjson;
 pub mod rope;
 mod safetensors_io;

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use clawback_datapool::{
     AssistantOutput, Complete, CompletionReason, Endpoint, GroupId, GroupMembership, NextState,
-    Step, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs,
-    UpstreamRef, Usage, WriteOp, SCHEMA_VERSION,
+    PolicyRef, Step, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory,
+    TrajectoryId, UnixMs, UpstreamRef, Usage, WriteOp, SCHEMA_VERSION,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -50,6 +50,8 @@ pub struct Call {
     pub done: bool,
     pub started_at: UnixMs,
     pub traceparent: Option<String>,
+    /// The adapter the call was routed to; `None`: the base model.
+    pub policy: Option<PolicyRef>,
 }
 
 /// What the upstream answered, assembled whole.
@@ -323,6 +325,7 @@ impl Recorder {
             done: hints.done,
             started_at: UnixMs::now(),
             traceparent,
+            policy: None,
         }
     }
 
@@ -449,7 +452,7 @@ impl Recorder {
             request: call.request,
             output,
             tokens: outcome.tokens,
-            policy: None,
+            policy: call.policy,
             upstream: outcome.upstream,
             finish_reason: outcome.finish_reason,
             usage: outcome.usage,

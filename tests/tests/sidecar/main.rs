@@ -6,6 +6,7 @@ mod lifecycle;
 mod limits;
 mod recording;
 mod redis;
+mod routing;
 mod sdk;
 mod support;
 mod viewer;

@@ -18,6 +18,7 @@ use crate::lora::{LoraConfig, Target};
 use crate::losses::{AdvantageWeights, ClipRange, GroupNormalization, LossConfig};
 use crate::model::Placement;
 use crate::optim::AdamWConfig;
+use crate::publish::PublishConfig;
 use crate::schedule::{Decay, LrSchedule};
 use crate::scoring::Teacher;
 
@@ -78,6 +79,11 @@ pub struct TrainConfig {
     /// Per tenant: plugin name → weight in the reward's weighted mean (1.0 when not listed).
     #[serde(default)]
     pub reward_weights: BTreeMap<TenantId, RewardWeights>,
+    /// Where new versions go live: every checkpoint that holds new optimizer steps is published
+    /// as `<tenant>@v<optimizer step>` to these backends and routed to by the sidecars. Unset:
+    /// the trainer only checkpoints.
+    #[serde(default)]
+    pub publish: Option<PublishConfig>,
 }
 
 fn default_device() -> String {
@@ -387,6 +393,9 @@ impl TrainConfig {
                 Err(bad(key, format!("{v} must be a number ≥ 0")))
             }
         };
+        if let Some(publish) = &self.publish {
+            publish.check().map_err(|problem| bad("publish", problem))?;
+        }
         if self.lora.rank <= 0 {
             return Err(bad("lora.rank", "must be at least 1"));
         }

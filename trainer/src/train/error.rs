@@ -39,6 +39,8 @@ pub enum TrainError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error("cannot set up publishing: {0}")]
+    Publisher(String),
 }
 
 impl TrainError {

@@ -82,6 +82,49 @@ impl StepReport {
     }
 }
 
+/// What publishing one version did: the timings when it went live, the error when it did not.
+#[derive(Debug, Clone, Serialize)]
+pub struct PublishReport {
+    pub tenant: TenantId,
+    pub version: u64,
+    pub adapter: String,
+    /// `None` when the version went live; else why not (the previous version stays live).
+    pub error: Option<String>,
+    pub save_seconds: f64,
+    pub load_seconds: f64,
+    pub switch_seconds: f64,
+    pub drain_seconds: f64,
+    pub load_attempts: u32,
+}
+
+impl PublishReport {
+    /// The progress line.
+    pub fn line(&self) -> String {
+        match &self.error {
+            None => format!(
+                "[{}] published {} (save {:.3}s, load {:.3}s in {} tries, switch {:.3}s, drain {:.3}s)",
+                self.tenant,
+                self.adapter,
+                self.save_seconds,
+                self.load_seconds,
+                self.load_attempts,
+                self.switch_seconds,
+                self.drain_seconds,
+            ),
+            Some(e) => format!(
+                "[{}] publishing {} failed, the previous version stays live: {e}",
+                self.tenant, self.adapter
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    tenant: String,
+    phase: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TenantLabels {
     tenant: String,
@@ -109,6 +152,10 @@ struct Prom {
     lr: Family<TenantLabels, GaugeF>,
     tokens_per_second: Family<TenantLabels, GaugeF>,
     dropped: Family<DroppedLabels, Counter>,
+    published: Family<TenantLabels, Counter>,
+    publish_failures: Family<TenantLabels, Counter>,
+    live_version: Family<TenantLabels, Gauge>,
+    publish_seconds: Family<PhaseLabels, GaugeF>,
     /// Last totals seen per (tenant, reason), to turn totals into counter increments.
     dropped_seen: HashMap<(String, &'static str), u64>,
 }
@@ -130,6 +177,10 @@ impl Prom {
             lr: Family::default(),
             tokens_per_second: Family::default(),
             dropped: Family::default(),
+            published: Family::default(),
+            publish_failures: Family::default(),
+            live_version: Family::default(),
+            publish_seconds: Family::default(),
             dropped_seen: HashMap::new(),
         };
         registry.register("optimizer_steps", "Optimizer steps taken", p.steps.clone());
@@ -176,8 +227,55 @@ impl Prom {
             "Steps or samples left out, by reason",
             p.dropped.clone(),
         );
+        registry.register(
+            "published",
+            "Versions published and made live",
+            p.published.clone(),
+        );
+        registry.register(
+            "publish_failures",
+            "Publishes that failed, leaving the previous version live",
+            p.publish_failures.clone(),
+        );
+        registry.register(
+            "live_version",
+            "The version this trainer last made live",
+            p.live_version.clone(),
+        );
+        registry.register(
+            "publish_seconds",
+            "Duration of each phase (save, load, switch, drain) of the last publish",
+            p.publish_seconds.clone(),
+        );
         p.registry = registry;
         p
+    }
+
+    fn record_publish(&mut self, r: &PublishReport) {
+        let l = TenantLabels {
+            tenant: r.tenant.to_string(),
+        };
+        if r.error.is_some() {
+            self.publish_failures.get_or_create(&l).inc();
+            return;
+        }
+        self.published.get_or_create(&l).inc();
+        self.live_version
+            .get_or_create(&l)
+            .set(i64::try_from(r.version).unwrap_or(i64::MAX));
+        for (phase, seconds) in [
+            ("save", r.save_seconds),
+            ("load", r.load_seconds),
+            ("switch", r.switch_seconds),
+            ("drain", r.drain_seconds),
+        ] {
+            self.publish_seconds
+                .get_or_create(&PhaseLabels {
+                    tenant: l.tenant.clone(),
+                    phase,
+                })
+                .set(seconds);
+        }
     }
 
     fn record(&mut self, r: &StepReport) {
@@ -320,6 +418,25 @@ impl Metrics {
         }
         if let Ok(mut prom) = self.prom.lock() {
             prom.record(report);
+        }
+    }
+
+    /// Reports one publish to every sink, as [`Metrics::record`] does a step (the JSONL line
+    /// is `{"publish": {...}}`).
+    pub fn record_publish(&mut self, report: &PublishReport) {
+        if self.progress || report.error.is_some() {
+            println!("{}", report.line());
+        }
+        if let Some(file) = &mut self.jsonl {
+            let written = serde_json::to_string(&serde_json::json!({ "publish": report }))
+                .map_err(std::io::Error::other)
+                .and_then(|line| writeln!(file, "{line}"));
+            if let Err(e) = written {
+                eprintln!("clawback-trainer: cannot append to the metrics log: {e}");
+            }
+        }
+        if let Ok(mut prom) = self.prom.lock() {
+            prom.record_publish(report);
         }
     }
 

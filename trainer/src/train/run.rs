@@ -20,9 +20,10 @@ use clawback_datapool::{
 use tokio::runtime::Runtime;
 
 use crate::model::Model;
+use crate::publish::Publisher;
 use crate::train::config::{Tenants, TrainConfig};
 use crate::train::error::TrainError;
-use crate::train::metrics::Metrics;
+use crate::train::metrics::{Metrics, PublishReport};
 use crate::train::tenant::{score_options, TenantTrainer};
 use crate::train::text::TextCodec;
 
@@ -47,6 +48,8 @@ pub struct RunOptions {
 pub struct Summary {
     pub optimizer_steps: BTreeMap<TenantId, u64>,
     pub acked: BTreeMap<TenantId, usize>,
+    /// Versions made live, per tenant (with `[publish]`).
+    pub published: BTreeMap<TenantId, u64>,
 }
 
 /// Opens the datapool `spec` names: a Redis URL, or the embedded store (a data directory or
@@ -95,6 +98,12 @@ pub fn run(
         tch::set_num_threads(threads);
     }
     let store = rt.block_on(open_store(&config.datapool))?;
+    let publisher = config
+        .publish
+        .clone()
+        .map(|c| Publisher::new(c, Arc::clone(&store)))
+        .transpose()
+        .map_err(|e| TrainError::Publisher(e.to_string()))?;
     let placement = config.placement()?;
     let model = Model::load(&config.model, placement).map_err(|source| TrainError::Model {
         path: config.model.display().to_string(),
@@ -121,6 +130,7 @@ pub fn run(
         },
         base_model: config.model.display().to_string(),
         trainers: BTreeMap::new(),
+        publisher,
         summary: Summary::default(),
         exit_when_idle: options.exit_when_idle,
     };
@@ -156,6 +166,7 @@ struct Loop<'a> {
     consumer: Consumer,
     base_model: String,
     trainers: BTreeMap<TenantId, TenantTrainer>,
+    publisher: Option<Publisher>,
     summary: Summary,
     /// A batch job does not wait `batch.max_wait` for a fuller step: it trains what is there.
     exit_when_idle: bool,
@@ -271,21 +282,75 @@ impl Loop<'_> {
                     .or_default() += 1;
             }
             if trainer.checkpoint_due(self.config.checkpoint.every) {
-                let acks = trainer.checkpoint(self.config, &self.base_model)?;
-                self.ack(tenant, acks)?;
+                self.checkpoint(tenant)?;
             }
         }
-        if let Some(trainer) = self.trainers.get_mut(tenant) {
+        if let Some(trainer) = self.trainers.get(tenant) {
             if idle
                 && !trainer.has_queued()
                 && (trainer.dirty() || trainer.ackable_without_checkpoint())
             {
-                let acks = trainer.checkpoint(self.config, &self.base_model)?;
-                self.ack(tenant, acks)?;
+                self.checkpoint(tenant)?;
                 busy = true;
             }
         }
         Ok(busy)
+    }
+
+    /// Checkpoints `tenant`, acks what the checkpoint holds, and — when it holds new steps and
+    /// publishing is configured — makes it the tenant's live version.
+    fn checkpoint(&mut self, tenant: &TenantId) -> Result<(), TrainError> {
+        let Some(trainer) = self.trainers.get_mut(tenant) else {
+            return Ok(());
+        };
+        let new_steps = trainer.dirty();
+        let acks = trainer.checkpoint(self.config, &self.base_model)?;
+        self.ack(tenant, acks)?;
+        if new_steps {
+            self.publish(tenant);
+        }
+        Ok(())
+    }
+
+    /// Publishes the tenant's adapter as version `<optimizer steps>`. A failure is reported and
+    /// training goes on: the previous version stays live and the next checkpoint tries again.
+    fn publish(&mut self, tenant: &TenantId) {
+        let (Some(publisher), Some(trainer)) = (&self.publisher, self.trainers.get(tenant)) else {
+            return;
+        };
+        let version = trainer.optimizer_steps();
+        let adapter = Publisher::adapter_name(tenant, version);
+        let outcome = self.rt.block_on(publisher.publish(tenant, version, |dir| {
+            trainer.save_adapter(dir, &self.base_model)
+        }));
+        let report = match outcome {
+            Ok(published) => PublishReport {
+                tenant: tenant.clone(),
+                version,
+                adapter: published.policy.adapter,
+                error: None,
+                save_seconds: published.timings.save.as_secs_f64(),
+                load_seconds: published.timings.load.as_secs_f64(),
+                switch_seconds: published.timings.switch.as_secs_f64(),
+                drain_seconds: published.timings.drain.as_secs_f64(),
+                load_attempts: published.load_attempts,
+            },
+            Err(e) => PublishReport {
+                tenant: tenant.clone(),
+                version,
+                adapter,
+                error: Some(e.to_string()),
+                save_seconds: 0.0,
+                load_seconds: 0.0,
+                switch_seconds: 0.0,
+                drain_seconds: 0.0,
+                load_attempts: 0,
+            },
+        };
+        if report.error.is_none() {
+            *self.summary.published.entry(tenant.clone()).or_default() += 1;
+        }
+        self.metrics.record_publish(&report);
     }
 
     fn ack(&mut self, tenant: &TenantId, acks: Vec<DeliveryId>) -> Result<(), TrainError> {
@@ -303,12 +368,11 @@ impl Loop<'_> {
     fn flush_all(&mut self) -> Result<(), TrainError> {
         let tenants: Vec<TenantId> = self.trainers.keys().cloned().collect();
         for tenant in tenants {
-            let Some(trainer) = self.trainers.get_mut(&tenant) else {
+            let Some(trainer) = self.trainers.get(&tenant) else {
                 continue;
             };
             if trainer.dirty() || trainer.ackable_without_checkpoint() {
-                let acks = trainer.checkpoint(self.config, &self.base_model)?;
-                self.ack(&tenant, acks)?;
+                self.checkpoint(&tenant)?;
             }
         }
         Ok(())

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use clawback_datapool::{DeliveryId, StepId, TenantId, TrajectoryRecord, UnixMs};
 use tch::Kind;
 
-use crate::lora::LoraAdapter;
+use crate::lora::{LoraAdapter, LoraError};
 use crate::losses::{
     combined_advantages, opd_advantages, policy_loss, token_logprobs, AdvantageSource,
     AdvantageWeights, LossConfig, PolicyBatch,
@@ -355,6 +355,11 @@ impl TenantTrainer {
             acc.adv_count += mask.sum(Kind::Double).double_value(&[]);
         });
         Ok(())
+    }
+
+    /// Writes the adapter in PEFT format into `dir` (what a backend loads).
+    pub fn save_adapter(&self, dir: &std::path::Path, base_model: &str) -> Result<(), LoraError> {
+        self.adapter.save(dir, Some(base_model))
     }
 
     /// Whether a checkpoint is due (`every` steps since the last).
