@@ -170,8 +170,9 @@ pub async fn start_nginx(sidecars: &[SocketAddr]) -> FrontDoor {
 
 /// `deploy/envoy/envoy.yaml` with its listener and sidecar endpoints replaced.
 ///
-/// Fails when the file no longer has the expected shape: one `port_value: 8080` (the listener)
-/// and `address`/`port_value` pairs of the sidecar endpoints after `# sidecars:`.
+/// Fails when the file no longer has the expected shape: one `port_value: 8080` (the listener,
+/// whose `address: 0.0.0.0` becomes loopback) and the list of sidecar endpoints right after a
+/// `# sidecars:` comment. The admin port (9901) becomes 0.
 pub fn envoy_config(
     shipped: &str,
     sidecars: &[SocketAddr],
@@ -189,7 +190,10 @@ pub fn envoy_config(
         } else if trimmed == "port_value: 8080" {
             listens += 1;
             out.push(format!("{indent}port_value: {}", listen.port()));
-        } else if trimmed == "# sidecars:" {
+        } else if trimmed == "port_value: 9901" {
+            // The admin port: any free one, so that tests can run several Envoys at once.
+            out.push(format!("{indent}port_value: 0"));
+        } else if trimmed.starts_with("# sidecars:") {
             pools += 1;
             out.push(line.to_owned());
             // Drop the shipped endpoints (every line indented deeper than the marker's list).
@@ -274,12 +278,38 @@ pub async fn start_envoy(sidecars: &[SocketAddr]) -> FrontDoor {
         // Several Envoys may run at once (parallel tests): no shared memory between them.
         .args(["--disable-hot-restart", "-l", "warning", "--log-path"])
         .arg(dir.join("envoy.log"))
+        .arg("--admin-address-path")
+        .arg(dir.join("admin-address"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
         .expect("envoy starts");
-    serving(child, listen, dir).await
+    let envoy = serving(child, listen, dir).await;
+    envoy_ready(&envoy).await;
+    envoy
+}
+
+/// Waits (bounded) until Envoy's admin `/ready` says LIVE: its listener port may accept before
+/// its workers serve.
+async fn envoy_ready(envoy: &FrontDoor) {
+    use std::io::{Read as _, Write as _};
+    let mut last = String::new();
+    for _ in 0..600 {
+        let admin = std::fs::read_to_string(envoy.dir.join("admin-address")).unwrap_or_default();
+        if let Ok(mut stream) = TcpStream::connect(admin.trim()) {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = stream
+                .write_all(b"GET /ready HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+            last.clear();
+            let _ = stream.read_to_string(&mut last);
+            if last.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("envoy never became ready: {last}\n{}", envoy.logs());
 }
 
 /// Waits (bounded) until `child` accepts connections on `listen`; panics with its logs if it

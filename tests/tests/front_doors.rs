@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawback_sidecar::config::{Config, UpstreamKind};
-use clawback_tests::front_door::{nginx_check, start_nginx, FrontDoor};
-use clawback_tests::harness::{repo_root, test_config, Sidecar};
+use clawback_tests::front_door::{
+    envoy_check, envoy_config, nginx_check, start_envoy, start_nginx, FrontDoor,
+};
+use clawback_tests::harness::{repo_root, scratch_dir, test_config, Sidecar};
 use clawback_tests::mock::{Behaviour, Hold, MockUpstream};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -47,11 +49,13 @@ fn chat(stream: bool) -> serde_json::Value {
 #[derive(Clone, Copy)]
 enum Door {
     Nginx,
+    Envoy,
 }
 
 async fn start(door: Door, sidecars: &[SocketAddr]) -> FrontDoor {
     match door {
         Door::Nginx => start_nginx(sidecars).await,
+        Door::Envoy => start_envoy(sidecars).await,
     }
 }
 
@@ -181,7 +185,7 @@ async fn connections_to_the_sidecar_are_kept_alive(door: Door) {
             .json(&chat(i % 2 == 0))
             .send()
             .await
-            .expect("the front door answers");
+            .unwrap_or_else(|e| panic!("call {i}: {e:?}\n{}", front.logs()));
         assert_eq!(response.status(), 200, "{}", front.logs());
         response.bytes().await.expect("whole body");
     }
@@ -286,4 +290,56 @@ async fn nginx_keeps_its_connections_to_the_sidecar_alive() {
 #[tokio::test]
 async fn nginx_keeps_a_session_on_one_sidecar() {
     a_session_stays_on_one_sidecar(Door::Nginx).await;
+}
+
+#[test]
+fn the_shipped_envoy_config_is_valid_as_it_is() {
+    let config = repo_root().join("deploy/envoy/envoy.yaml");
+    if let Err(e) = envoy_check(&config) {
+        panic!("envoy --mode validate rejects deploy/envoy/envoy.yaml:\n{e}");
+    }
+}
+
+#[test]
+fn the_envoy_config_rendered_for_tests_is_valid() {
+    let shipped = std::fs::read_to_string(repo_root().join("deploy/envoy/envoy.yaml"))
+        .expect("deploy/envoy/envoy.yaml");
+    let sidecars = [
+        SocketAddr::from(([127, 0, 0, 1], 18100)),
+        SocketAddr::from(([127, 0, 0, 1], 18101)),
+    ];
+    let rendered = envoy_config(
+        &shipped,
+        &sidecars,
+        SocketAddr::from(([127, 0, 0, 1], 18080)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let dir = scratch_dir("envoy-render");
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let path = dir.join("envoy.yaml");
+    std::fs::write(&path, &rendered).expect("write rendered config");
+    if let Err(e) = envoy_check(&path) {
+        panic!("envoy rejects the rendered config:\n{e}\n{rendered}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn envoy_passes_a_stream_event_by_event() {
+    a_stream_passes_event_by_event(Door::Envoy).await;
+}
+
+#[tokio::test]
+async fn envoy_passes_headers_both_ways() {
+    headers_pass_both_ways(Door::Envoy).await;
+}
+
+#[tokio::test]
+async fn envoy_keeps_its_connections_to_the_sidecar_alive() {
+    connections_to_the_sidecar_are_kept_alive(Door::Envoy).await;
+}
+
+#[tokio::test]
+async fn envoy_keeps_a_session_on_one_sidecar() {
+    a_session_stays_on_one_sidecar(Door::Envoy).await;
 }
