@@ -164,3 +164,58 @@ fn metric_names_are_read_out_of_promql() {
     );
     assert!(metric_names("rate(my_clawback_x_total[1m])").is_empty());
 }
+
+/// The lag panel's numbers: a trainer group that took one of three ready trajectories shows
+/// two not handed out and one pending on the sidecar's /metrics.
+#[tokio::test]
+async fn a_consumer_groups_lag_shows_on_metrics() {
+    use clawback_datapool::{
+        Complete, CompletionReason, Consumer, ConsumerName, TenantId, Trajectory, TrajectoryId,
+    };
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(test_config(&[engine.url()])).await;
+    let store = sidecar
+        .app
+        .recorder
+        .as_ref()
+        .expect("recording is on in the test config")
+        .store();
+    let tenant = TenantId::new("lag-tenant").expect("tenant id");
+    for _ in 0..3 {
+        let trajectory = Trajectory::open(tenant.clone(), TrajectoryId::new());
+        store.upsert_trajectory(&trajectory).await.expect("upsert");
+        store
+            .complete_trajectory(&Complete::now(
+                tenant.clone(),
+                trajectory.id,
+                CompletionReason::Handshake,
+            ))
+            .await
+            .expect("complete");
+    }
+    let trainers = Consumer::new(
+        ConsumerName::new("trainers").expect("name"),
+        ConsumerName::new("gpu-0").expect("name"),
+    );
+    let taken = store
+        .read_ready(&tenant, &trainers, 1)
+        .await
+        .expect("read_ready");
+    assert_eq!(taken.len(), 1);
+
+    let exposition = reqwest::get(sidecar.url("/metrics"))
+        .await
+        .expect("the sidecar answers")
+        .text()
+        .await
+        .expect("metrics text");
+    for wanted in [
+        "clawback_datapool_lag{consumer_group=\"trainers\"} 2",
+        "clawback_datapool_pending{consumer_group=\"trainers\"} 1",
+    ] {
+        assert!(
+            exposition.lines().any(|l| l == wanted),
+            "no `{wanted}` in:\n{exposition}"
+        );
+    }
+}
