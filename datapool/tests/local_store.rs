@@ -45,6 +45,12 @@ async fn a_poison_entry_is_dead_lettered() {
 }
 
 #[tokio::test]
+async fn consumer_lag_counts_what_each_group_has_not_finished() {
+    let (s, _dir) = store();
+    scenarios::consumer_lag_counts_what_each_group_has_not_finished(&s, &fresh_tenant("lag")).await;
+}
+
+#[tokio::test]
 async fn a_group_is_ready_when_all_members_finished() {
     let (s, _dir) = store();
     scenarios::a_group_is_ready_when_all_members_finished(&s, &fresh_tenant("group")).await;

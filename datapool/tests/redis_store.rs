@@ -49,6 +49,12 @@ async fn a_poison_entry_is_dead_lettered() {
 }
 
 #[tokio::test]
+async fn consumer_lag_counts_what_each_group_has_not_finished() {
+    let (t, _keys) = tenant("lag");
+    scenarios::consumer_lag_counts_what_each_group_has_not_finished(&store().await, &t).await;
+}
+
+#[tokio::test]
 async fn a_group_is_ready_when_all_members_finished() {
     let (t, _keys) = tenant("group");
     scenarios::a_group_is_ready_when_all_members_finished(&store().await, &t).await;

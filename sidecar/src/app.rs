@@ -199,7 +199,7 @@ where
             let response = match route {
                 Route::Healthz => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
                 Route::Readyz => readiness(&app),
-                Route::Metrics => metrics(&app),
+                Route::Metrics => metrics(&app).await,
                 Route::Policies => crate::policy::admin::handle(&app, &request.into_parts().0),
                 Route::NotFound => ProxyError::NotFound {
                     method: request.method().to_string(),
@@ -365,7 +365,10 @@ fn readiness(app: &App) -> Response<ProxyBody> {
     json(status, body.to_string())
 }
 
-fn metrics(app: &App) -> Response<ProxyBody> {
+async fn metrics(app: &App) -> Response<ProxyBody> {
+    if let Some(recorder) = &app.recorder {
+        datapool_lag(recorder.store().as_ref(), &app.metrics).await;
+    }
     for upstream in app.pool.all() {
         app.metrics
             .upstream_healthy
@@ -378,6 +381,23 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     response
+}
+
+/// Refreshes the consumer groups' lag from the datapool, within a bound so that a slow or absent
+/// Redis never stalls a scrape (the gauges then keep their last values).
+async fn datapool_lag(store: &dyn clawback_datapool::Store, metrics: &Metrics) {
+    let read = async {
+        let mut lags = Vec::new();
+        for tenant in store.tenants().await? {
+            lags.extend(store.consumer_lag(&tenant).await?);
+        }
+        Ok::<_, clawback_datapool::Error>(lags)
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(2), read).await {
+        Ok(Ok(lags)) => metrics.set_datapool_lag(&lags),
+        Ok(Err(e)) => tracing::debug!(error = %e, "datapool lag not refreshed"),
+        Err(_) => tracing::debug!("datapool lag not refreshed: the datapool took over 2s"),
+    }
 }
 
 fn json(status: StatusCode, body: String) -> Response<ProxyBody> {

@@ -3,9 +3,11 @@
 //! Labels are kept low-cardinality: a route name, a status code, an upstream `host:port`, an
 //! error code — never a path, a session or a tenant-provided string.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use clawback_datapool::ConsumerGroupLag;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -59,6 +61,12 @@ pub struct StoreErrorLabels {
     pub error: &'static str,
 }
 
+/// A trainer deployment's consumer group: names chosen by the operator, a handful per datapool.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerGroupLabels {
+    pub consumer_group: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
@@ -100,6 +108,8 @@ pub struct Metrics {
     pub trajectories_completed: Family<ReasonLabels, Counter>,
     pub policy_switches: Family<TenantLabels, Counter>,
     pub policy_version: Family<TenantLabels, Gauge>,
+    pub datapool_lag: Family<ConsumerGroupLabels, Gauge>,
+    pub datapool_pending: Family<ConsumerGroupLabels, Gauge>,
 }
 
 fn request_buckets() -> Histogram {
@@ -225,6 +235,18 @@ impl Metrics {
             "The version of the policy that serves each tenant's calls",
             policy_version.clone(),
         );
+        let datapool_lag = Family::<ConsumerGroupLabels, Gauge>::default();
+        registry.register(
+            "datapool_lag",
+            "Ready trajectories/groups no member of the consumer group was handed yet, all tenants (as of the last scrape)",
+            datapool_lag.clone(),
+        );
+        let datapool_pending = Family::<ConsumerGroupLabels, Gauge>::default();
+        registry.register(
+            "datapool_pending",
+            "Ready entries handed to a member of the consumer group and not acked yet, all tenants (as of the last scrape)",
+            datapool_pending.clone(),
+        );
         Self {
             registry,
             requests,
@@ -245,6 +267,32 @@ impl Metrics {
             trajectories_completed,
             policy_switches,
             policy_version,
+            datapool_lag,
+            datapool_pending,
+        }
+    }
+
+    /// Sets the lag gauges from every tenant's [`ConsumerGroupLag`]s, summed per group. A group
+    /// whose lag the store cannot tell keeps its last value.
+    pub fn set_datapool_lag<'a>(&self, lags: impl IntoIterator<Item = &'a ConsumerGroupLag>) {
+        let mut per_group: HashMap<&str, (Option<u64>, u64)> = HashMap::new();
+        for lag in lags {
+            let entry = per_group.entry(lag.group.as_str()).or_insert((Some(0), 0));
+            entry.0 = entry.0.zip(lag.undelivered).map(|(a, b)| a + b);
+            entry.1 += lag.pending;
+        }
+        for (group, (undelivered, pending)) in per_group {
+            let labels = ConsumerGroupLabels {
+                consumer_group: group.to_owned(),
+            };
+            if let Some(undelivered) = undelivered {
+                self.datapool_lag
+                    .get_or_create(&labels)
+                    .set(i64::try_from(undelivered).unwrap_or(i64::MAX));
+            }
+            self.datapool_pending
+                .get_or_create(&labels)
+                .set(i64::try_from(pending).unwrap_or(i64::MAX));
         }
     }
 
@@ -259,5 +307,56 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clawback_datapool::ConsumerName;
+
+    fn lag(group: &str, undelivered: Option<u64>, pending: u64) -> ConsumerGroupLag {
+        ConsumerGroupLag {
+            group: ConsumerName::new(group).expect("valid name"),
+            undelivered,
+            pending,
+        }
+    }
+
+    fn line(metrics: &Metrics, prefix: &str) -> Option<String> {
+        metrics
+            .render()
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .map(str::to_owned)
+    }
+
+    #[test]
+    fn lag_is_summed_over_tenants_per_consumer_group() {
+        let metrics = Metrics::new();
+        metrics.set_datapool_lag(&[lag("trainers", Some(2), 1), lag("trainers", Some(3), 0)]);
+        assert_eq!(
+            line(&metrics, "clawback_datapool_lag{").as_deref(),
+            Some("clawback_datapool_lag{consumer_group=\"trainers\"} 5")
+        );
+        assert_eq!(
+            line(&metrics, "clawback_datapool_pending{").as_deref(),
+            Some("clawback_datapool_pending{consumer_group=\"trainers\"} 1")
+        );
+    }
+
+    #[test]
+    fn a_lag_the_store_cannot_tell_keeps_the_last_value() {
+        let metrics = Metrics::new();
+        metrics.set_datapool_lag(&[lag("trainers", Some(4), 0)]);
+        metrics.set_datapool_lag(&[lag("trainers", Some(1), 0), lag("trainers", None, 2)]);
+        assert_eq!(
+            line(&metrics, "clawback_datapool_lag{").as_deref(),
+            Some("clawback_datapool_lag{consumer_group=\"trainers\"} 4")
+        );
+        assert_eq!(
+            line(&metrics, "clawback_datapool_pending{").as_deref(),
+            Some("clawback_datapool_pending{consumer_group=\"trainers\"} 2")
+        );
     }
 }

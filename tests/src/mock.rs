@@ -23,7 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::time::Sleep;
 
 use crate::engine_json::{self as shapes, Reply};
@@ -39,6 +39,31 @@ pub struct Behaviour {
     pub chunk_delay: Duration,
     /// Break the connection after this many body chunks.
     pub die_after_chunks: Option<usize>,
+    /// Stop after some body chunks until the test releases the rest.
+    pub hold: Option<Hold>,
+}
+
+/// Holds every response body after `after_chunks` chunks until [`Hold::release`]: lets a test
+/// see what reached the client while the engine has provably not sent the rest yet.
+#[derive(Debug, Clone)]
+pub struct Hold {
+    after_chunks: usize,
+    gate: Arc<Semaphore>,
+}
+
+impl Hold {
+    pub fn after_chunks(after_chunks: usize) -> Self {
+        Self {
+            after_chunks,
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    /// Lets every held body (and every later one) go on.
+    pub fn release(&self) {
+        // A closed semaphore fails every acquire at once: the waiting bodies wake and go on.
+        self.gate.close();
+    }
 }
 
 /// One request as the mock received it.
@@ -206,6 +231,8 @@ async fn handle(
         sleep: None,
         sent: 0,
         die_after: behaviour.die_after_chunks,
+        hold: behaviour.hold,
+        held: None,
         completed: Some(state),
     });
     *response.status_mut() = status;
@@ -325,6 +352,8 @@ struct MockBody {
     sleep: Option<Pin<Box<Sleep>>>,
     sent: usize,
     die_after: Option<usize>,
+    hold: Option<Hold>,
+    held: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     completed: Option<Arc<State>>,
 }
 
@@ -341,6 +370,20 @@ impl Body for MockBody {
                 std::io::ErrorKind::ConnectionReset,
                 "mock engine died mid-stream",
             ))));
+        }
+        if let Some(hold) = self.hold.as_ref().filter(|h| h.after_chunks == self.sent) {
+            let gate = Arc::clone(&hold.gate);
+            let held = self.held.get_or_insert_with(|| {
+                Box::pin(async move {
+                    // Never granted a permit: this resolves when the gate closes.
+                    let _ = gate.acquire().await;
+                })
+            });
+            if held.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.held = None;
+            self.hold = None;
         }
         if self.sent > 0 && !self.delay.is_zero() && !self.chunks.is_empty() {
             let delay = self.delay;

@@ -537,3 +537,45 @@ pub async fn next_states_attach_to_their_step(store: &dyn Store, tenant: &Tenant
     assert_eq!(got.steps[1].next_state, None);
     assert_eq!(got.trajectory.status, TrajectoryStatus::Open);
 }
+
+/// Each consumer group's lag: entries no member was handed yet, and entries handed but unacked.
+pub async fn consumer_lag_counts_what_each_group_has_not_finished(
+    store: &dyn Store,
+    tenant: &TenantId,
+) {
+    let lags = || async {
+        store
+            .consumer_lag(tenant)
+            .await
+            .unwrap_or_else(|e| panic!("consumer_lag: {e}"))
+    };
+    assert!(lags().await.is_empty(), "no group reads yet");
+    for _ in 0..3 {
+        let t = open_trajectory(tenant);
+        store
+            .upsert_trajectory(&t)
+            .await
+            .unwrap_or_else(|e| panic!("upsert: {e}"));
+        complete(store, tenant, t.id).await;
+    }
+    let trainer = consumer("t1", Duration::from_secs(60), 5);
+    let taken = read_at_least(store, tenant, &trainer, 2, Duration::from_secs(10)).await;
+    store
+        .ack(tenant, &trainer.group, &[taken[0].id.clone()])
+        .await
+        .unwrap_or_else(|e| panic!("ack: {e}"));
+    let evaluator = Consumer::new(name("evaluators"), name("e1"));
+    read_at_least(store, tenant, &evaluator, 1, Duration::from_secs(10)).await;
+
+    let mut now = lags().await;
+    now.sort_by(|a, b| a.group.cmp(&b.group));
+    let seen: Vec<(&str, Option<u64>, u64)> = now
+        .iter()
+        .map(|l| (l.group.as_str(), l.undelivered, l.pending))
+        .collect();
+    assert_eq!(
+        seen,
+        [("evaluators", Some(2), 1), ("trainers", Some(1), 1)],
+        "(group, undelivered, pending)"
+    );
+}
