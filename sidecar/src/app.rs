@@ -51,6 +51,8 @@ pub struct App {
     pub tenants: TenantResolver,
     /// `None` when `recording.enabled` is off.
     pub recorder: Option<Arc<Recorder>>,
+    /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
+    pub filters: Option<Arc<clawback_filters::Filters>>,
     /// Forwarding and relay tasks; shutdown waits for them.
     pub tasks: TaskTracker,
     /// Stops the background work (the recorder's sweeper) at shutdown.
@@ -69,6 +71,8 @@ pub enum AppError {
     Store(#[from] crate::store::OpenError),
     #[error("`recording.redact`: {0}")]
     Redact(#[from] regex::Error),
+    #[error("filters: {0}")]
+    Filters(#[from] clawback_filters::FiltersError),
 }
 
 impl App {
@@ -91,9 +95,11 @@ impl App {
         )?);
         let tenants = TenantResolver::new(&config.tenants)?;
         let background = CancellationToken::new();
+        let mut filters = None;
         let recorder = if config.recording.enabled {
             let store = crate::store::open(&config).await?;
             let recorder = Recorder::start(config.recording.clone(), store, Arc::clone(&metrics))?;
+            filters = crate::filters::start(&config, &recorder, &metrics).await?;
             let stop = background.clone();
             tokio::spawn(Arc::clone(&recorder).sweep_until(async move { stop.cancelled().await }));
             Some(recorder)
@@ -107,6 +113,7 @@ impl App {
             metrics,
             tenants,
             recorder,
+            filters,
             tasks,
             background,
         }))
@@ -118,6 +125,10 @@ impl App {
         self.background.cancel();
         if let Some(recorder) = &self.recorder {
             recorder.complete_all();
+            // The last evaluations (trajectory outcomes among them) go out with the rest.
+            if let Some(filters) = &self.filters {
+                filters.close(self.config.timeouts.shutdown_grace).await;
+            }
             // Bounded: a datapool that hangs must not hang the process's exit.
             if tokio::time::timeout(self.config.timeouts.shutdown_grace, recorder.close())
                 .await

@@ -78,6 +78,9 @@ pub struct Config {
     pub recording: Recording,
     pub admin: Admin,
     pub log: Log,
+    /// Wasm filter plugins that score recorded steps (`--plugins DIR`).
+    #[serde(default)]
+    pub filters: clawback_filters::FiltersConfig,
 }
 
 /// Whose data a call is.
@@ -233,6 +236,7 @@ impl Default for Config {
                 format: LogFormat::Text,
                 filter: "info".to_owned(),
             },
+            filters: clawback_filters::FiltersConfig::default(),
         }
     }
 }
@@ -251,9 +255,17 @@ pub struct Overrides {
     pub redis: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filters: Option<FilterOverrides>,
     /// `key.path=value` pairs, the value in TOML syntax (a bare word is taken as a string).
     #[serde(skip)]
     pub set: Vec<String>,
+}
+
+/// `--plugins DIR`: the one filters field with its own flag.
+#[derive(Debug, Serialize)]
+pub struct FilterOverrides {
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -283,6 +295,7 @@ const ENV_KEYS: &[&str] = &[
     "recording",
     "admin",
     "log",
+    "filters",
 ];
 
 impl Config {
@@ -321,6 +334,12 @@ impl Config {
             regex::Regex::new(&rule.pattern).map_err(|e| {
                 ConfigError::Semantic(format!("`recording.redact[{i}].pattern`: {e}"))
             })?;
+        }
+        if self.filters.dir.is_some() && !self.recording.enabled {
+            return Err(ConfigError::Semantic(
+                "`filters.dir` is set but `recording.enabled` is off: filters score recorded steps"
+                    .to_owned(),
+            ));
         }
         if self.limits.max_concurrent_requests == 0 {
             return Err(ConfigError::Semantic(

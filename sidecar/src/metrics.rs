@@ -84,6 +84,8 @@ pub struct Metrics {
     pub store_errors: Family<StoreErrorLabels, Counter>,
     pub trajectories_started: Counter,
     pub trajectories_completed: Family<ReasonLabels, Counter>,
+    /// The filter host's own metrics (`clawback_filter_*`).
+    pub filters: clawback_filters::Metrics,
 }
 
 fn request_buckets() -> Histogram {
@@ -197,8 +199,11 @@ impl Metrics {
             "Trajectories completed, by reason",
             trajectories_completed.clone(),
         );
+        let filters = clawback_filters::Metrics::default();
+        filters.register(&mut registry);
         Self {
             registry,
+            filters,
             requests,
             duration,
             added_latency,
