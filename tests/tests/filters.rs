@@ -42,6 +42,14 @@ fn plugin_dir(names: &[&str]) -> PathBuf {
 
 /// A sidecar recording into its own Redis, with `plugins`, the mock engine as its judge.
 async fn sidecar_with(plugins: &Path, engine: &MockUpstream, redis: &RedisServer) -> Sidecar {
+    Sidecar::start(sidecar_config(plugins, engine, redis)).await
+}
+
+fn sidecar_config(
+    plugins: &Path,
+    engine: &MockUpstream,
+    redis: &RedisServer,
+) -> clawback_sidecar::config::Config {
     let mut config = test_config(&[engine.url()]);
     config.redis = Some(redis.url());
     config.filters.dir = Some(plugins.to_owned());
@@ -55,7 +63,7 @@ async fn sidecar_with(plugins: &Path, engine: &MockUpstream, redis: &RedisServer
         temperature: 0.6,
         max_tokens: 256,
     });
-    Sidecar::start(config).await
+    config
 }
 
 /// A two-call tool-using conversation: a tool call, then (after the tool result and the user's
@@ -209,7 +217,12 @@ async fn hostile_plugins_are_isolated_and_the_stored_evaluation_says_why() {
         "judge_flood",
         "tool_outcome",
     ]);
-    let sidecar = sidecar_with(&plugins, &engine, &redis).await;
+    let mut config = sidecar_config(&plugins, &engine, &redis);
+    // Generous enough that the memory bomb reaches its limit before its deadline on a busy
+    // machine.
+    config.filters.deadline = Duration::from_secs(2);
+    config.filters.memory_limit = 16 << 20;
+    let sidecar = Sidecar::start(config).await;
     assert_eq!(converse(&sidecar, "hostile-1").await, vec![200, 200]);
     // The sidecar keeps serving while the hostile plugins are being stopped.
     for i in 0..20 {
