@@ -57,7 +57,8 @@ struct Live {
     turns: VecDeque<Turn>,
 }
 
-/// What a job evaluates.
+/// What a job evaluates. One per step, behind an `Arc`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Job {
     Step {
         step: StepId,
