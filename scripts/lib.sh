@@ -109,3 +109,14 @@ ensure_musl() {
         apt_install_quiet musl-tools
     fi
 }
+
+# The filter plugins (wasm-plugins/, its own workspace) built as wasm32-wasip2 components: the
+# host's tests load them from wasm-plugins/target/wasm32-wasip2/release/.
+ensure_wasm_plugins() {
+    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+        say "adding the wasm32-wasip2 target (rustup target add wasm32-wasip2)"
+        rustup target add wasm32-wasip2
+    fi
+    say "building the filter plugins (wasm-plugins, wasm32-wasip2, release)"
+    (cd "$ROOT/wasm-plugins" && cargo build --release --target wasm32-wasip2 --locked)
+}

@@ -57,6 +57,8 @@ pub struct App {
     pub recorder: Option<Arc<Recorder>>,
     /// `None` when routing is off (`routing.base_model` unset).
     pub router: Option<Router>,
+    /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
+    pub filters: Option<Arc<clawback_filters::Filters>>,
     /// Forwarding and relay tasks; shutdown waits for them.
     pub tasks: TaskTracker,
     /// Stops the background work (the recorder's sweeper) at shutdown.
@@ -75,6 +77,8 @@ pub enum AppError {
     Store(#[from] crate::store::OpenError),
     #[error("`recording.redact`: {0}")]
     Redact(#[from] regex::Error),
+    #[error("filters: {0}")]
+    Filters(#[from] clawback_filters::FiltersError),
 }
 
 impl App {
@@ -102,6 +106,7 @@ impl App {
         } else {
             None
         };
+        let mut filters = None;
         let recorder = match &store {
             Some(store) if config.recording.enabled => {
                 let recorder = Recorder::start(
@@ -109,6 +114,7 @@ impl App {
                     Arc::clone(store),
                     Arc::clone(&metrics),
                 )?;
+                filters = crate::filters::start(&config, &recorder, &metrics).await?;
                 let stop = background.clone();
                 tokio::spawn(
                     Arc::clone(&recorder).sweep_until(async move { stop.cancelled().await }),
@@ -131,6 +137,7 @@ impl App {
             tenants,
             recorder,
             router,
+            filters,
             tasks,
             background,
         }))
@@ -142,6 +149,10 @@ impl App {
         self.background.cancel();
         if let Some(recorder) = &self.recorder {
             recorder.complete_all();
+            // The last evaluations (trajectory outcomes among them) go out with the rest.
+            if let Some(filters) = &self.filters {
+                filters.close(self.config.timeouts.shutdown_grace).await;
+            }
             // Bounded: a datapool that hangs must not hang the process's exit.
             if tokio::time::timeout(self.config.timeouts.shutdown_grace, recorder.close())
                 .await

@@ -7,10 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use clawback_datapool::{TenantId, UnixMs};
+use clawback_datapool::{NextState, Step, TenantId, UnixMs};
+use clawback_filters::standalone::Standalone;
+use clawback_filters::FiltersConfig;
 
 use crate::app::App;
-use crate::config::{Config, Overrides, UpstreamKind};
+use crate::config::{Config, FilterOverrides, Overrides, UpstreamKind};
 use crate::export::{self, Format};
 use crate::{server, telemetry};
 
@@ -29,6 +31,38 @@ enum Command {
     HashKey,
     /// Write a tenant's completed trajectories as training rows (see sidecar/EXPORT.md).
     Export(ExportArgs),
+    /// Check or try out a filter plugin (see the README's plugin guide).
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Load a plugin as the sidecar would, check its world, print what it exports.
+    Check {
+        /// The plugin component (`NAME.wasm`).
+        file: PathBuf,
+    },
+    /// Run a plugin's `evaluate-step` on a recorded step and print the evaluation (JSON).
+    Run {
+        /// The plugin component (`NAME.wasm`).
+        file: PathBuf,
+        /// A recorded step (the datapool's Step JSON).
+        #[arg(long)]
+        step: PathBuf,
+        /// What followed it (a NextState JSON); default: the step's own `next_state`.
+        #[arg(long)]
+        next: Option<PathBuf>,
+        /// The trajectory metadata plugins see (a JSON object).
+        #[arg(long)]
+        metadata: Option<PathBuf>,
+        /// TOML configuration file: `[filters]` gives the judge, limits and plugin config.
+        #[arg(long, env = "CLAWBACK_CONFIG")]
+        config: Option<PathBuf>,
+        /// Any other config field, as `section.key=value` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -51,6 +85,9 @@ struct ServeArgs {
     /// Directory of the embedded store and the spool.
     #[arg(long, env = "CLAWBACK_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// Directory of filter plugins (`*.wasm`) that score recorded steps; hot-reloaded.
+    #[arg(long, env = "CLAWBACK_PLUGINS")]
+    plugins: Option<PathBuf>,
     /// Any other config field, as `section.key=value` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -98,7 +135,106 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Export(args) => export(args),
+        Command::Plugin(command) => plugin(command),
     }
+}
+
+fn plugin(command: PluginCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&e),
+    };
+    match command {
+        PluginCommand::Check { file } => runtime.block_on(async {
+            match Standalone::load(&file, FiltersConfig::default()).await {
+                Ok(plugin) => {
+                    print!("{}", plugin.report());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }),
+        PluginCommand::Run {
+            file,
+            step,
+            next,
+            metadata,
+            config,
+            set,
+        } => {
+            let overrides = Overrides {
+                set,
+                ..Overrides::default()
+            };
+            let config = match Config::load(config.as_deref(), &overrides) {
+                Ok(config) => config,
+                Err(e) => return fail(&e),
+            };
+            let inputs = read_json::<Step>(&step).and_then(|step| {
+                let next = match &next {
+                    Some(path) => read_json::<NextState>(path)?,
+                    None => step.next_state.clone().ok_or_else(|| {
+                        PluginInputError(format!(
+                            "{} has no next_state: give one with --next",
+                            step_path(&step)
+                        ))
+                    })?,
+                };
+                let metadata = match &metadata {
+                    Some(path) => read_json(path)?,
+                    None => serde_json::Map::new(),
+                };
+                Ok((step, next, metadata))
+            });
+            let (step, next, metadata) = match inputs {
+                Ok(inputs) => inputs,
+                Err(e) => return fail(&e),
+            };
+            runtime.block_on(async {
+                let plugin = match Standalone::load(&file, config.filters).await {
+                    Ok(plugin) => plugin,
+                    Err(e) => return fail(&e),
+                };
+                let evaluation = match plugin
+                    .run_step(step.tenant.as_str(), &step, &next, &metadata)
+                    .await
+                {
+                    Ok(evaluation) => serde_json::json!({
+                        "kind": "score",
+                        "reward": evaluation.reward,
+                        "hint": evaluation.hint,
+                        "labels": evaluation.labels.into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+                    }),
+                    Err(failure) => serde_json::json!({
+                        "kind": "filter_error",
+                        "reason": failure.reason,
+                    }),
+                };
+                println!("{evaluation}");
+                ExitCode::SUCCESS
+            })
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct PluginInputError(String);
+
+fn step_path(step: &Step) -> String {
+    format!("step {}", step.id)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+) -> Result<T, PluginInputError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| PluginInputError(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| PluginInputError(format!("{} is not what was expected: {e}", path.display())))
 }
 
 fn export(args: ExportArgs) -> ExitCode {
@@ -146,6 +282,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         upstream_kind: args.upstream_kind,
         redis: args.redis,
         data_dir: args.data_dir,
+        filters: args.plugins.map(|dir| FilterOverrides { dir }),
         set: args.set,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {

@@ -80,6 +80,9 @@ pub struct Config {
     /// Per-tenant adapter routing ([`crate::policy`]).
     pub routing: crate::policy::Routing,
     pub log: Log,
+    /// Wasm filter plugins that score recorded steps (`--plugins DIR`).
+    #[serde(default)]
+    pub filters: clawback_filters::FiltersConfig,
 }
 
 /// Whose data a call is.
@@ -236,6 +239,7 @@ impl Default for Config {
                 format: LogFormat::Text,
                 filter: "info".to_owned(),
             },
+            filters: clawback_filters::FiltersConfig::default(),
         }
     }
 }
@@ -254,9 +258,17 @@ pub struct Overrides {
     pub redis: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filters: Option<FilterOverrides>,
     /// `key.path=value` pairs, the value in TOML syntax (a bare word is taken as a string).
     #[serde(skip)]
     pub set: Vec<String>,
+}
+
+/// `--plugins DIR`: the one filters field with its own flag.
+#[derive(Debug, Serialize)]
+pub struct FilterOverrides {
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -287,6 +299,7 @@ const ENV_KEYS: &[&str] = &[
     "admin",
     "routing",
     "log",
+    "filters",
 ];
 
 impl Config {
@@ -327,6 +340,12 @@ impl Config {
             })?;
         }
         self.routing.check().map_err(ConfigError::Semantic)?;
+        if self.filters.dir.is_some() && !self.recording.enabled {
+            return Err(ConfigError::Semantic(
+                "`filters.dir` is set but `recording.enabled` is off: filters score recorded steps"
+                    .to_owned(),
+            ));
+        }
         if self.limits.max_concurrent_requests == 0 {
             return Err(ConfigError::Semantic(
                 "`limits.max_concurrent_requests` must be at least 1".to_owned(),

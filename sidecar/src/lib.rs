@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod export;
+pub mod filters;
 pub mod forward;
 pub mod handshake;
 pub mod layers;

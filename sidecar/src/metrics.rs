@@ -110,6 +110,8 @@ pub struct Metrics {
     pub policy_version: Family<TenantLabels, Gauge>,
     pub datapool_lag: Family<ConsumerGroupLabels, Gauge>,
     pub datapool_pending: Family<ConsumerGroupLabels, Gauge>,
+    /// The filter host's own metrics (`clawback_filter_*`).
+    pub filters: clawback_filters::Metrics,
 }
 
 fn request_buckets() -> Histogram {
@@ -247,8 +249,11 @@ impl Metrics {
             "Ready entries handed to a member of the consumer group and not acked yet, all tenants (as of the last scrape)",
             datapool_pending.clone(),
         );
+        let filters = clawback_filters::Metrics::default();
+        filters.register(&mut registry);
         Self {
             registry,
+            filters,
             requests,
             duration,
             added_latency,

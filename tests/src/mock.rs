@@ -41,6 +41,8 @@ pub struct Behaviour {
     pub die_after_chunks: Option<usize>,
     /// Stop after some body chunks until the test releases the rest.
     pub hold: Option<Hold>,
+    /// Answers for chat calls whose `model` is `judge` (a filter plugin's judge), in turn.
+    pub judge_answers: Vec<String>,
 }
 
 /// Holds every response body after `after_chunks` chunks until [`Hold::release`]: lets a test
@@ -87,6 +89,8 @@ struct State {
     next_id: AtomicUsize,
     /// Responses whose body was read to the end by the peer.
     completed: AtomicUsize,
+    /// Judge calls answered so far.
+    judged: AtomicUsize,
 }
 
 pub struct MockUpstream {
@@ -163,6 +167,11 @@ impl MockUpstream {
         lock(&self.state.sent).clone()
     }
 
+    /// Judge calls answered from [`Behaviour::judge_answers`].
+    pub fn judge_calls(&self) -> usize {
+        self.state.judged.load(Ordering::SeqCst)
+    }
+
     pub fn request_count(&self) -> usize {
         lock(&self.state.received).len()
     }
@@ -219,8 +228,19 @@ async fn handle(
         tokio::time::sleep(behaviour.head_delay).await;
     }
     let n = state.next_id.fetch_add(1, Ordering::SeqCst);
-    let (status, content_type, chunks) =
-        answer(&parts.method, parts.uri.path(), &body, n, &behaviour);
+    let (status, content_type, chunks) = match judge_answer(&state, &body, &behaviour) {
+        Some(text) => {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let id = format!("chatcmpl-judge-{n:032x}");
+            let value = shapes::chat_completion(&id, &request, &Reply::Text(text));
+            (
+                StatusCode::OK,
+                "application/json",
+                vec![Bytes::from(value.to_string())],
+            )
+        }
+        None => answer(&parts.method, parts.uri.path(), &body, n, &behaviour),
+    };
     if recording {
         lock(&state.sent).push(chunks.iter().flat_map(|c| c.iter().copied()).collect());
     }
@@ -248,6 +268,19 @@ async fn handle(
         );
     }
     Ok(response)
+}
+
+/// The scripted answer to a judge call (`"model": "judge"`), when answers are scripted.
+fn judge_answer(state: &State, body: &[u8], behaviour: &Behaviour) -> Option<String> {
+    if behaviour.judge_answers.is_empty() {
+        return None;
+    }
+    let request: Value = serde_json::from_slice(body).ok()?;
+    if request["model"] != "judge" {
+        return None;
+    }
+    let n = state.judged.fetch_add(1, Ordering::SeqCst);
+    Some(behaviour.judge_answers[n % behaviour.judge_answers.len()].clone())
 }
 
 /// Status, content type and body chunks for one request.

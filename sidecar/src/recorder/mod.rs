@@ -16,7 +16,7 @@ pub mod throttle;
 pub mod writer;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
@@ -153,6 +153,8 @@ pub struct Recorder {
     redactor: Redactor,
     metrics: Arc<Metrics>,
     store: Arc<dyn Store>,
+    /// The filter host, told about trajectories, steps and next states when plugins run.
+    filters: OnceLock<Arc<clawback_filters::Filters>>,
 }
 
 /// Why a trajectory ends, as the store records it.
@@ -191,12 +193,18 @@ impl Recorder {
             sessions: Mutex::new(Sessions::default()),
             metrics,
             store,
+            filters: OnceLock::new(),
         });
         Ok(recorder)
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Lets the filter host follow what is recorded (once, at start).
+    pub fn attach_filters(&self, filters: Arc<clawback_filters::Filters>) {
+        let _ = self.filters.set(filters);
     }
 
     fn sessions(&self) -> MutexGuard<'_, Sessions> {
@@ -305,14 +313,18 @@ impl Recorder {
         }
         drop(sessions);
         if let Some((step, messages)) = next_state {
+            let next_state = NextState {
+                messages,
+                observed_at: UnixMs::now(),
+            };
+            if let Some(filters) = self.filters.get() {
+                filters.next_state(trajectory, step, &next_state);
+            }
             self.enqueue(WriteOp::SetNextState {
                 tenant: tenant.clone(),
                 trajectory,
                 step,
-                next_state: NextState {
-                    messages,
-                    observed_at: UnixMs::now(),
-                },
+                next_state,
             });
         }
         Call {
@@ -377,6 +389,9 @@ impl Recorder {
             },
         );
         self.metrics.trajectories_started.inc();
+        if let Some(filters) = self.filters.get() {
+            filters.opened(&trajectory);
+        }
         self.enqueue(WriteOp::UpsertTrajectory { trajectory });
         id
     }
@@ -465,6 +480,9 @@ impl Recorder {
             traceparent: call.traceparent,
         };
         self.metrics.steps_recorded.inc();
+        if let Some(filters) = self.filters.get() {
+            filters.step_recorded(&step);
+        }
         self.enqueue(WriteOp::AppendSteps { steps: vec![step] });
         if call.done {
             self.complete(&call.tenant, call.trajectory, CompletionReason::DoneHeader);
@@ -537,6 +555,9 @@ impl Recorder {
         self.enqueue(WriteOp::CompleteTrajectory {
             request: Complete::now(tenant.clone(), trajectory, reason),
         });
+        if let Some(filters) = self.filters.get() {
+            filters.completed(trajectory, reason);
+        }
         true
     }
 

@@ -1,0 +1,490 @@
+//! [`Filters`]: what the sidecar's recorder talks to. It follows each live trajectory just
+//! enough to give plugins what they need — the last step until its next state arrives, and,
+//! for plugins that evaluate trajectories, the last turns — and runs the plugins off the
+//! request path: on their own runtime, concurrently, bounded, with a queue that drops (and
+//! counts) instead of waiting. Each evaluation goes to the `deliver` callback.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use clawback_datapool::{
+    CompletionReason, Evaluation, EvaluationId, EvaluationSource, NextState as RecordedNext,
+    Step as RecordedStep, StepId, TenantId, Trajectory as RecordedTrajectory, TrajectoryId, UnixMs,
+    Verdict, SCHEMA_VERSION,
+};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::bindings::{self, MetadataEntry, Turn};
+use crate::breaker::Change;
+use crate::call::{self, Failure, Input};
+use crate::config::{FiltersConfig, PluginConfig};
+use crate::host::CallHost;
+use crate::judge::{Judge, JudgeError};
+use crate::metrics::{CallLabels, ErrorLabels, Metrics, PluginLabels};
+use crate::registry::{Loaded, Registry, RegistryError};
+use crate::sandbox::{Sandbox, SandboxError};
+use crate::view;
+
+/// Where evaluations go (the recorder's write queue).
+pub type Deliver = Arc<dyn Fn(Vec<Evaluation>) + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FiltersError {
+    #[error("`filters.dir` is not set")]
+    NoDir,
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("`filters.judge`: {0}")]
+    Judge(#[from] JudgeError),
+    #[error("cannot start the filters' runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// What the host keeps of a live trajectory.
+struct Live {
+    tenant: TenantId,
+    metadata: Vec<MetadataEntry>,
+    /// The last step, until its next state arrives.
+    awaiting: Option<(StepId, bindings::Step)>,
+    /// The last turns, for plugins that evaluate trajectories.
+    turns: VecDeque<Turn>,
+}
+
+/// What a job evaluates. One per step, behind an `Arc`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Job {
+    Step {
+        step: StepId,
+        view: bindings::Step,
+        next: bindings::NextState,
+    },
+    Trajectory {
+        view: bindings::Trajectory,
+    },
+}
+
+struct Inner {
+    registry: Registry,
+    sandbox: Arc<Sandbox>,
+    config: FiltersConfig,
+    plugin_configs: HashMap<String, Arc<PluginConfig>>,
+    judge: Option<Arc<Judge>>,
+    metrics: Metrics,
+    permits: Semaphore,
+    queued: AtomicUsize,
+    deliver: Deliver,
+    live: Mutex<HashMap<TrajectoryId, Live>>,
+}
+
+pub struct Filters {
+    inner: Arc<Inner>,
+    runtime: Option<tokio::runtime::Runtime>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Filters {
+    /// Loads the plugins of `config.dir` and starts the filters' runtime and hot reload.
+    pub async fn start(
+        config: FiltersConfig,
+        metrics: Metrics,
+        deliver: Deliver,
+    ) -> Result<Self, FiltersError> {
+        let dir = config.dir.clone().ok_or(FiltersError::NoDir)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.threads.max(1))
+            .thread_name("clawback-filter")
+            .enable_all()
+            .build()
+            .map_err(FiltersError::Runtime)?;
+        let sandbox = Arc::new(Sandbox::new(
+            config.max_concurrency,
+            config.memory_limit,
+            config.deadline,
+        )?);
+        // Compiling the plugins happens on the filters' own threads.
+        let registry = runtime
+            .spawn(Registry::open(
+                dir,
+                Arc::clone(&sandbox),
+                config.breaker.clone(),
+                metrics.clone(),
+            ))
+            .await
+            .map_err(|e| FiltersError::Runtime(std::io::Error::other(e)))??;
+        let judge = config
+            .judge
+            .clone()
+            .map(|judge| Judge::new(judge, metrics.clone()).map(Arc::new))
+            .transpose()?;
+        let plugin_configs = config
+            .plugins
+            .iter()
+            .map(|(name, plugin)| (name.clone(), Arc::new(plugin.clone())))
+            .collect();
+        let inner = Arc::new(Inner {
+            registry,
+            sandbox,
+            permits: Semaphore::new(config.max_concurrency.max(1)),
+            plugin_configs,
+            judge,
+            metrics,
+            queued: AtomicUsize::new(0),
+            deliver,
+            live: Mutex::new(HashMap::new()),
+            config,
+        });
+        let stop = CancellationToken::new();
+        if !inner.config.reload_interval.is_zero() {
+            let inner = Arc::clone(&inner);
+            let stop = stop.clone();
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(inner.config.reload_interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => inner.registry.rescan().await,
+                        () = stop.cancelled() => return,
+                    }
+                }
+            });
+        }
+        Ok(Self {
+            inner,
+            runtime: Some(runtime),
+            tasks: TaskTracker::new(),
+            stop,
+        })
+    }
+
+    /// The plugins in service: name, content hash, description.
+    pub fn plugins(&self) -> Vec<(String, String, String)> {
+        self.inner
+            .registry
+            .snapshot()
+            .iter()
+            .map(|loaded| {
+                (
+                    loaded.plugin.name.to_string(),
+                    loaded.plugin.content_hash.clone(),
+                    loaded.plugin.info.description.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Checks the plugin directory for changes now (hot reload does it every `reload_interval`).
+    pub async fn rescan(&self) {
+        let inner = Arc::clone(&self.inner);
+        if let Some(runtime) = &self.runtime {
+            let _ = runtime
+                .spawn(async move { inner.registry.rescan().await })
+                .await;
+        }
+    }
+
+    fn live(&self) -> MutexGuard<'_, HashMap<TrajectoryId, Live>> {
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A trajectory opened: its metadata is what plugins will see.
+    pub fn opened(&self, trajectory: &RecordedTrajectory) {
+        self.live().insert(
+            trajectory.id,
+            Live {
+                tenant: trajectory.tenant.clone(),
+                metadata: view::metadata(&trajectory.metadata),
+                awaiting: None,
+                turns: VecDeque::new(),
+            },
+        );
+    }
+
+    /// A step was recorded: it waits for its next state.
+    pub fn step_recorded(&self, step: &RecordedStep) {
+        let keep_turns = self.wants_trajectories();
+        let mut live = self.live();
+        let entry = live.entry(step.trajectory).or_insert_with(|| Live {
+            tenant: step.tenant.clone(),
+            metadata: Vec::new(),
+            awaiting: None,
+            turns: VecDeque::new(),
+        });
+        let view = view::step(step, entry.metadata.clone());
+        if keep_turns {
+            if entry.turns.len() == view::TURNS_CAP {
+                entry.turns.pop_front();
+            }
+            entry.turns.push_back(Turn {
+                step: view.clone(),
+                next: None,
+            });
+        }
+        entry.awaiting = Some((step.id, view));
+    }
+
+    /// The next call of the trajectory arrived: the step it follows is evaluated.
+    pub fn next_state(&self, trajectory: TrajectoryId, step: StepId, next: &RecordedNext) {
+        let (tenant, view, next) = {
+            let mut live = self.live();
+            let Some(entry) = live.get_mut(&trajectory) else {
+                return;
+            };
+            let Some((id, view)) = entry.awaiting.take() else {
+                return;
+            };
+            if id != step {
+                return;
+            }
+            let next = view::next_state(next, &view);
+            if let Some(turn) = entry
+                .turns
+                .iter_mut()
+                .rev()
+                .find(|turn| turn.step.index == view.index)
+            {
+                turn.next = Some(next.clone());
+            }
+            (entry.tenant.clone(), view, next)
+        };
+        self.submit(tenant, trajectory, Job::Step { step, view, next });
+    }
+
+    /// The trajectory finished: plugins that evaluate trajectories get it whole.
+    pub fn completed(&self, trajectory: TrajectoryId, reason: CompletionReason) {
+        let Some(entry) = self.live().remove(&trajectory) else {
+            return;
+        };
+        if entry.turns.is_empty() {
+            return;
+        }
+        let completion = match reason {
+            CompletionReason::Handshake => "handshake",
+            CompletionReason::DoneHeader => "done_header",
+            CompletionReason::IdleTimeout => "idle_timeout",
+        };
+        let view = bindings::Trajectory {
+            turns: entry.turns.into_iter().collect(),
+            metadata: entry.metadata,
+            completion: completion.to_owned(),
+        };
+        self.submit(entry.tenant, trajectory, Job::Trajectory { view });
+    }
+
+    /// Whether any plugin in service evaluates whole trajectories.
+    pub fn wants_trajectories(&self) -> bool {
+        self.inner
+            .registry
+            .snapshot()
+            .iter()
+            .any(|loaded| loaded.plugin.info.evaluates_trajectories)
+    }
+
+    fn submit(&self, tenant: TenantId, trajectory: TrajectoryId, job: Job) {
+        let Some(runtime) = &self.runtime else { return };
+        let inner = &self.inner;
+        if inner.queued.fetch_add(1, Ordering::AcqRel) >= inner.config.queue_capacity.max(1) {
+            inner.queued.fetch_sub(1, Ordering::AcqRel);
+            inner.metrics.dropped.inc();
+            return;
+        }
+        let inner = Arc::clone(inner);
+        let job = Arc::new(job);
+        self.tasks.spawn_on(
+            async move {
+                let evaluations = inner.evaluate(&tenant, trajectory, job).await;
+                inner.queued.fetch_sub(1, Ordering::AcqRel);
+                if !evaluations.is_empty() {
+                    (inner.deliver)(evaluations);
+                }
+            },
+            runtime.handle(),
+        );
+    }
+
+    /// Waits (at most `grace`) for the evaluations in flight to be delivered, then stops.
+    pub async fn close(&self, grace: Duration) {
+        self.stop.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                tasks = self.tasks.len(),
+                "filters still running at shutdown; their evaluations are lost"
+            );
+        }
+    }
+}
+
+impl Drop for Filters {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Inner {
+    /// Every plugin that applies, concurrently; the evaluations that said something.
+    async fn evaluate(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        trajectory: TrajectoryId,
+        job: Arc<Job>,
+    ) -> Vec<Evaluation> {
+        let mut calls = JoinSet::new();
+        for loaded in self.registry.snapshot() {
+            let name = &*loaded.plugin.name.0;
+            let config = self.plugin_configs.get(name).cloned().unwrap_or_default();
+            if !config.applies_to(tenant.as_str()) {
+                continue;
+            }
+            if matches!(*job, Job::Trajectory { .. }) && !loaded.plugin.info.evaluates_trajectories
+            {
+                continue;
+            }
+            if !loaded.breaker.allow() {
+                continue;
+            }
+            let inner = Arc::clone(self);
+            let job = Arc::clone(&job);
+            let tenant = tenant.clone();
+            calls
+                .spawn(async move { inner.call(&loaded, config, &tenant, trajectory, &job).await });
+        }
+        let mut evaluations = Vec::new();
+        while let Some(joined) = calls.join_next().await {
+            if let Ok(Some(evaluation)) = joined {
+                evaluations.push(evaluation);
+            }
+        }
+        evaluations
+    }
+
+    /// One plugin on one job: its evaluation, a `filter_error`, or nothing (no opinion).
+    async fn call(
+        &self,
+        loaded: &Arc<Loaded>,
+        config: Arc<PluginConfig>,
+        tenant: &TenantId,
+        trajectory: TrajectoryId,
+        job: &Job,
+    ) -> Option<Evaluation> {
+        let Ok(_permit) = self.permits.acquire().await else {
+            return None;
+        };
+        let plugin = &loaded.plugin;
+        let host = CallHost::new(
+            plugin.name.clone(),
+            tenant.as_str().to_owned(),
+            config,
+            self.judge.clone(),
+        );
+        let input = match job {
+            Job::Step { view, next, .. } => Input::Step(view, next),
+            Job::Trajectory { view } => Input::Trajectory(view),
+        };
+        let started = Instant::now();
+        let result = call::run(&self.sandbox, plugin, host, input, self.config.call_timeout).await;
+        self.metrics
+            .duration
+            .get_or_create(&PluginLabels {
+                plugin: plugin.name.clone(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        let change = loaded.breaker.record(result.is_ok());
+        self.breaker_changed(loaded, change, result.as_ref().err());
+        let (verdict, labels, outcome) = match result {
+            Ok(evaluation) if evaluation.reward.is_none() && evaluation.hint.is_none() => {
+                self.count(plugin, "no_opinion");
+                return None;
+            }
+            Ok(evaluation) => (
+                Verdict::Score {
+                    reward: evaluation.reward,
+                    hint: evaluation.hint,
+                },
+                evaluation.labels.into_iter().collect::<BTreeMap<_, _>>(),
+                "score",
+            ),
+            Err(failure) => {
+                tracing::warn!(plugin = %plugin.name, reason = %failure.reason, "filter call failed");
+                self.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels {
+                        plugin: plugin.name.clone(),
+                        reason: failure.kind,
+                    })
+                    .inc();
+                (
+                    Verdict::FilterError {
+                        reason: failure.reason,
+                    },
+                    BTreeMap::new(),
+                    "filter_error",
+                )
+            }
+        };
+        self.count(plugin, outcome);
+        Some(Evaluation {
+            schema_version: SCHEMA_VERSION,
+            id: EvaluationId::new(),
+            tenant: tenant.clone(),
+            trajectory,
+            step: match job {
+                Job::Step { step, .. } => Some(*step),
+                Job::Trajectory { .. } => None,
+            },
+            source: EvaluationSource::Plugin {
+                name: plugin.name.to_string(),
+                content_hash: plugin.content_hash.clone(),
+            },
+            verdict,
+            labels,
+            created_at: UnixMs::now(),
+        })
+    }
+
+    fn count(&self, plugin: &crate::plugin::Plugin, outcome: &'static str) {
+        self.metrics
+            .calls
+            .get_or_create(&CallLabels {
+                plugin: plugin.name.clone(),
+                outcome,
+            })
+            .inc();
+    }
+
+    fn breaker_changed(&self, loaded: &Loaded, change: Change, failure: Option<&Failure>) {
+        let name = &loaded.plugin.name;
+        let gauge = self.metrics.disabled.get_or_create(&PluginLabels {
+            plugin: name.clone(),
+        });
+        match change {
+            Change::Opened => {
+                gauge.set(1);
+                tracing::error!(
+                    plugin = %name,
+                    cooldown = ?loaded.breaker.cooldown(),
+                    last_error = failure.map(|f| f.reason.as_str()).unwrap_or_default(),
+                    "filter plugin disabled: it keeps failing (circuit breaker open)"
+                );
+            }
+            Change::Closed => {
+                gauge.set(0);
+                tracing::info!(plugin = %name, "filter plugin enabled again: a trial call succeeded");
+            }
+            Change::None => {}
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The example plugins, built as components, run by the host on the example trajectory: each
+//! scores what it should, and every evaluation names the plugin and the hash of its build.
+
+mod support;
+
+use clawback_datapool::{Evaluation, EvaluationSource, Verdict};
+use serde_json::json;
+
+use support::{fixture, host, judge_config, next_of, scripted_judge, tool_result};
+
+fn reward(evaluation: &Evaluation) -> Option<f64> {
+    match &evaluation.verdict {
+        Verdict::Score { reward, .. } => *reward,
+        Verdict::FilterError { reason } => panic!("unexpected filter_error: {reason}"),
+    }
+}
+
+fn only(evaluations: &[Evaluation], plugin: &str) -> Evaluation {
+    let found: Vec<&Evaluation> = evaluations
+        .iter()
+        .filter(|e| matches!(&e.source, EvaluationSource::Plugin { name, .. } if name == plugin))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one evaluation from {plugin}: {evaluations:#?}"
+    );
+    found[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_outcome_scores_a_clean_result_up_and_an_error_down() {
+    let mut host = host(&["tool_outcome"], |_| {}).await;
+    let (trajectory, steps) = fixture();
+    let clean = host
+        .evaluate(&trajectory, &steps[0], &next_of(&steps[0]))
+        .await;
+    let clean = only(&clean, "tool_outcome");
+    assert_eq!(reward(&clean), Some(1.0));
+    assert_eq!(clean.step, Some(steps[0].id));
+    let EvaluationSource::Plugin { content_hash, .. } = &clean.source else {
+        panic!("a plugin source");
+    };
+    assert!(
+        content_hash.starts_with("sha256:") && content_hash.len() == 71,
+        "{content_hash}"
+    );
+
+    let failed = tool_result(
+        "Traceback (most recent call last):\n  File \"/srv/tools/weather.py\", line 41, in fetch\n    resp.raise_for_status()\nrequests.exceptions.HTTPError: 503 Server Error: Service Unavailable for url: https://api.weather.example/v1/current?city=Paris",
+    );
+    let failed = host.evaluate(&trajectory, &steps[0], &failed).await;
+    let failed = only(&failed, "tool_outcome");
+    assert_eq!(reward(&failed), Some(-1.0));
+    assert_eq!(
+        failed.labels.get("first_error").map(String::as_str),
+        Some("exception")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_feedback_scores_the_users_reply() {
+    let mut host = host(&["user_feedback"], |_| {}).await;
+    let (trajectory, steps) = fixture();
+    // "Thanks! Do I need an umbrella?"
+    let thanked = host
+        .evaluate(&trajectory, &steps[1], &next_of(&steps[1]))
+        .await;
+    assert_eq!(reward(&only(&thanked, "user_feedback")), Some(1.0));
+
+    let mut corrected = next_of(&steps[1]);
+    corrected.messages = vec![
+        json!({"role": "user", "content": "No, I asked for Celsius AND the forecast for tonight."}),
+    ];
+    let corrected = host.evaluate(&trajectory, &steps[1], &corrected).await;
+    let corrected = only(&corrected, "user_feedback");
+    assert_eq!(reward(&corrected), Some(-1.0));
+    assert_eq!(
+        corrected.labels.get("reaction").map(String::as_str),
+        Some("corrects")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn judge_vote_takes_the_majority_of_the_judges_answers() {
+    let judge = scripted_judge(vec![
+        "The weather tool was the right call and returned data. \\boxed{1}".to_owned(),
+        "Reasonable. \\boxed{1}".to_owned(),
+        "It should have asked which unit first. \\boxed{-1}".to_owned(),
+    ])
+    .await;
+    let mut host = host(&["judge_vote"], |config| {
+        config.judge = Some(judge_config(&judge.url));
+    })
+    .await;
+    let (trajectory, steps) = fixture();
+    let evaluations = host
+        .evaluate(&trajectory, &steps[0], &next_of(&steps[0]))
+        .await;
+    let vote = only(&evaluations, "judge_vote");
+    assert_eq!(reward(&vote), Some(1.0));
+    let votes = vote.labels.get("judge_votes").cloned().unwrap_or_default();
+    assert_eq!(votes.matches("+1").count(), 2, "{votes}");
+    assert_eq!(judge.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn judge_vote_ties_score_zero_and_the_vote_count_is_per_tenant_config() {
+    let judge = scripted_judge(vec!["\\boxed{1}".to_owned(), "\\boxed{-1}".to_owned()]).await;
+    let mut host = host(&["judge_vote"], |config| {
+        config.judge = Some(judge_config(&judge.url));
+        config.plugins.insert(
+            "judge_vote".to_owned(),
+            serde_json::from_value(
+                json!({"config": {"votes": 3}, "tenant_config": {"acme": {"votes": 2}}}),
+            )
+            .expect("plugin config"),
+        );
+    })
+    .await;
+    let (trajectory, steps) = fixture();
+    let evaluations = host
+        .evaluate(&trajectory, &steps[0], &next_of(&steps[0]))
+        .await;
+    assert_eq!(reward(&only(&evaluations, "judge_vote")), Some(0.0));
+    assert_eq!(judge.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hint_extractor_keeps_the_longest_hint_of_a_positive_vote() {
+    let judge = scripted_judge(vec![
+        "\\boxed{1} [HINT_START]Give the temperature with its unit.[HINT_END]".to_owned(),
+        "The user asked for Celsius. \\boxed{1}\n[HINT_START]State the temperature in Celsius and mention the rain, since the user will ask about an umbrella next.[HINT_END]".to_owned(),
+        "\\boxed{-1}".to_owned(),
+    ])
+    .await;
+    let mut host = host(&["hint_extractor"], |config| {
+        config.judge = Some(judge_config(&judge.url));
+    })
+    .await;
+    let (trajectory, steps) = fixture();
+    let evaluations = host
+        .evaluate(&trajectory, &steps[1], &next_of(&steps[1]))
+        .await;
+    let hint = only(&evaluations, "hint_extractor");
+    match &hint.verdict {
+        Verdict::Score { reward, hint } => {
+            assert_eq!(*reward, None);
+            assert!(
+                hint.as_deref()
+                    .is_some_and(|h| h.starts_with("State the temperature in Celsius")),
+                "{hint:?}"
+            );
+        }
+        other => panic!("a score, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exact_answer_checks_the_final_answer_when_the_trajectory_completes() {
+    let mut host = host(&["exact_answer"], |_| {}).await;
+    for (expected, want) in [("11.5", 1.0), ("12", -1.0)] {
+        let (mut trajectory, steps) = fixture();
+        trajectory.id = clawback_datapool::TrajectoryId::new();
+        trajectory
+            .metadata
+            .insert("answer".to_owned(), json!(expected));
+        let mut steps = steps;
+        for step in &mut steps {
+            step.trajectory = trajectory.id;
+        }
+        host.filters.opened(&trajectory);
+        host.filters.step_recorded(&steps[0]);
+        host.filters
+            .next_state(trajectory.id, steps[0].id, &next_of(&steps[0]));
+        host.filters.step_recorded(&steps[1]);
+        host.filters.completed(
+            trajectory.id,
+            clawback_datapool::CompletionReason::DoneHeader,
+        );
+        // Step evaluations say nothing; the trajectory's arrives.
+        let evaluations = host.next_batch().await;
+        let outcome = only(&evaluations, "exact_answer");
+        assert_eq!(outcome.step, None);
+        assert_eq!(reward(&outcome), Some(want), "answer {expected}");
+    }
+}
