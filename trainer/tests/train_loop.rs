@@ -419,3 +419,130 @@ fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenize
     assert_eq!(applied, all_steps);
     assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
 }
+
+/// Requests a stand-in vLLM received: (path, JSON body).
+type Received = Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>;
+
+/// A vLLM stand-in on loopback that accepts every adapter load and unload, as vLLM answers them.
+fn fake_vllm() -> (String, Received) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let url = format!(
+        "http://{}",
+        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    );
+    let received: Received = Arc::default();
+    let log = Arc::clone(&received);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(1000) {
+            let Ok(stream) = stream else { continue };
+            let mut reader = BufReader::new(&stream);
+            let mut request_line = String::new();
+            let mut length = 0usize;
+            if reader.read_line(&mut request_line).is_err() {
+                continue;
+            }
+            loop {
+                let mut header = String::new();
+                if reader.read_line(&mut header).unwrap_or(0) == 0 || header.trim().is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = header.split_once(':') {
+                    if name.eq_ignore_ascii_case("content-length") {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let path = request_line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned();
+            let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+            if let Ok(mut log) = log.lock() {
+                log.push((path, json));
+            }
+            let answer = "Success: LoRA adapter loaded.";
+            let _ = write!(
+                &stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (url, received)
+}
+
+#[test]
+fn each_checkpoint_is_published_loaded_into_the_backend_and_made_live() {
+    let (dir, model, data, store) = local_setup();
+    let tenant = fresh_tenant("publish");
+    let rt = runtime();
+    let recorded = rt.block_on(record(&store, &tenant, 2, 4, 3));
+    let (vllm, received) = fake_vllm();
+    let adapters = dir.path().join("adapters");
+
+    let text = config_text(
+        dir.path(),
+        &model,
+        &data.display().to_string(),
+        &tenant,
+        &format!(
+            "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\n\
+             max_seq_len = 128\n\n[publish]\nadapter_root = \"{}\"\n\n[[publish.backends]]\n\
+             kind = \"vllm\"\nurl = \"{vllm}\"\n",
+            adapters.display()
+        ),
+    );
+    let summary = train_until_idle(&text);
+    assert_trained_everything(dir.path(), &model, &tenant, &recorded);
+
+    // The last checkpoint holds every step, so the live version is the final step count.
+    let steps = summary.optimizer_steps[&tenant];
+    assert!(summary.published[&tenant] >= 1, "{summary:?}");
+    let live = rt
+        .block_on(clawback_datapool::Store::policy_version(&store, &tenant))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no live policy after publishing"));
+    let name = format!("{tenant}@v{steps}");
+    assert_eq!(live.version, steps);
+    assert_eq!(live.adapter, name);
+    let version_dir = adapters.join(&name);
+    assert!(version_dir.join("adapter_config.json").is_file());
+
+    // The backend loaded exactly that folder under that name, and unloaded each older version.
+    let received = received.lock().map(|r| r.clone()).unwrap_or_default();
+    let loads: Vec<&serde_json::Value> = received
+        .iter()
+        .filter(|(path, _)| path == "/v1/load_lora_adapter")
+        .map(|(_, body)| body)
+        .collect();
+    let unloads = received
+        .iter()
+        .filter(|(path, _)| path == "/v1/unload_lora_adapter")
+        .count();
+    assert_eq!(loads.len() as u64, summary.published[&tenant]);
+    let last = loads[loads.len() - 1];
+    assert_eq!(last["lora_name"], name.as_str());
+    assert_eq!(
+        last["lora_path"],
+        version_dir.display().to_string().as_str()
+    );
+    assert_eq!(unloads, loads.len() - 1);
+
+    // Each publish is reported in the JSONL log with its timings.
+    let published: Vec<serde_json::Value> = jsonl(&dir.path().join("metrics.jsonl"))
+        .into_iter()
+        .filter_map(|line| line.get("publish").cloned())
+        .collect();
+    assert_eq!(published.len(), loads.len());
+    assert!(
+        published.iter().all(|p| p["error"].is_null()),
+        "{published:?}"
+    );
+    assert!(published[0]["load_seconds"].as_f64().is_some());
+}

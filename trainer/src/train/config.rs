@@ -552,6 +552,28 @@ mod tests {
         assert_eq!(c.reward_weights(&acme).weight("tool-success"), 2.0);
         assert_eq!(c.reward_weights(&acme).weight("politeness"), 0.0);
         assert_eq!(c.reward_weights(&acme).weight("other"), 1.0);
+        let publish = c
+            .publish
+            .unwrap_or_else(|| panic!("the example has [publish]"));
+        assert_eq!(publish.backends.len(), 1);
+        assert_eq!(publish.sidecars.len(), 1);
+        assert_eq!(publish.drain_timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn the_kubernetes_trainer_config_loads() {
+        let text = include_str!("../../../deploy/k8s/base/trainer.toml");
+        let c = TrainConfig::from_toml(text).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.datapool.starts_with("redis://"));
+        assert!(c.publish.is_some());
+    }
+
+    #[test]
+    fn publishing_is_checked_at_load() {
+        let err = error_of(
+            "model = \"m\"\ndatapool = \"d\"\n[publish]\nadapter_root = \"a\"\nbackends = []\n",
+        );
+        assert!(err.contains("publish") && err.contains("backends"), "{err}");
     }
 
     #[test]
