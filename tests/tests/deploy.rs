@@ -218,6 +218,28 @@ fn vllm_serves_runtime_lora_from_the_volume_the_trainer_writes() {
     assert_eq!(mount(vllm), mount(trainer));
     let pvc = find(&documents, "PersistentVolumeClaim", "clawback-adapters");
     assert_eq!(pvc["spec"]["accessModes"][0], "ReadWriteMany");
+
+    // The trainer reads its config from the mounted ConfigMap, and publishes onto that volume.
+    let trainer_args: Vec<&str> = trainer["args"]
+        .as_array()
+        .expect("trainer args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(trainer_args[..2], ["train", "--config"]);
+    let config_dir = named(&trainer["volumeMounts"], "config")["mountPath"]
+        .as_str()
+        .expect("config mount")
+        .to_owned();
+    assert_eq!(trainer_args[2], format!("{config_dir}/trainer.toml"));
+    let trainer_toml: toml::Value = toml::from_str(
+        &std::fs::read_to_string(k8s().join("base/trainer.toml")).expect("trainer.toml"),
+    )
+    .expect("trainer.toml parses");
+    assert_eq!(
+        trainer_toml["publish"]["adapter_root"].as_str(),
+        mount(trainer).as_str()
+    );
 }
 
 #[test]
