@@ -75,6 +75,48 @@ fn family_of<'a>(name: &str, families: &'a BTreeMap<String, String>) -> Option<&
     })
 }
 
+/// The trainer's families (`clawback_trainer_*`), read from the source that registers them: the
+/// trainer links libtorch, so this suite cannot start one. Each `registry.register("name", "help",
+/// p.field.clone())` names a field of `Prom` whose declared type says counter or gauge.
+fn trainer_families() -> BTreeMap<String, String> {
+    let path = repo_root().join("trainer/src/train/metrics.rs");
+    let source = std::fs::read_to_string(&path).expect("trainer/src/train/metrics.rs");
+    let mut kinds = BTreeMap::new();
+    for line in source.lines() {
+        let Some((field, ty)) = line.trim().split_once(": Family<") else {
+            continue;
+        };
+        let kind = if ty.contains("Counter") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        kinds.insert(field.to_owned(), kind);
+    }
+    let flat: String = source.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut families = BTreeMap::new();
+    for call in flat.split("registry.register(").skip(1) {
+        let mut quoted = call.split('"');
+        let name = quoted.nth(1).unwrap_or_default();
+        let Some(field) = call
+            .split("p.")
+            .nth(1)
+            .and_then(|rest| rest.split(".clone()").next())
+        else {
+            continue;
+        };
+        if let Some(kind) = kinds.get(field) {
+            families.insert(format!("clawback_trainer_{name}"), (*kind).to_owned());
+        }
+    }
+    assert!(
+        families.len() >= 10,
+        "found only {families:?} in {}",
+        path.display()
+    );
+    families
+}
+
 fn dashboard() -> Value {
     let path = repo_root().join("deploy/grafana/clawback.json");
     let text = std::fs::read_to_string(&path).expect("deploy/grafana/clawback.json");
@@ -91,8 +133,10 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         .text()
         .await
         .expect("metrics text");
-    let exported = families(&exposition);
-    assert!(exported.len() >= 10, "{exposition}");
+    let sidecar_families = families(&exposition);
+    assert!(sidecar_families.len() >= 10, "{exposition}");
+    let mut exported = sidecar_families;
+    exported.extend(trainer_families());
 
     let mut exprs = Vec::new();
     queries(&dashboard(), &mut exprs);
