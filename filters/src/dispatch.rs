@@ -33,6 +33,16 @@ use crate::view;
 /// Where evaluations go (the recorder's write queue).
 pub type Deliver = Arc<dyn Fn(Vec<Evaluation>) + Send + Sync>;
 
+/// What waits for a trajectory's evaluations (the recorder's completion write).
+pub type Then = Box<dyn FnOnce() + Send>;
+
+/// A trajectory's evaluations not yet delivered, and what waits for them.
+#[derive(Default)]
+struct Settling {
+    jobs: usize,
+    then: Vec<Then>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FiltersError {
     #[error("`filters.dir` is not set")]
@@ -81,6 +91,7 @@ struct Inner {
     queued: AtomicUsize,
     deliver: Deliver,
     live: Mutex<HashMap<TrajectoryId, Live>>,
+    settling: Mutex<HashMap<TrajectoryId, Settling>>,
 }
 
 pub struct Filters {
@@ -139,6 +150,7 @@ impl Filters {
             queued: AtomicUsize::new(0),
             deliver,
             live: Mutex::new(HashMap::new()),
+            settling: Mutex::new(HashMap::new()),
             config,
         });
         let stop = CancellationToken::new();
@@ -257,8 +269,16 @@ impl Filters {
         self.submit(tenant, trajectory, Job::Step { step, view, next });
     }
 
-    /// The trajectory finished: plugins that evaluate trajectories get it whole.
-    pub fn completed(&self, trajectory: TrajectoryId, reason: CompletionReason) {
+    /// The trajectory finished: plugins that evaluate trajectories get it whole. `then` runs
+    /// once every evaluation of the trajectory (its steps' and its own) has been delivered —
+    /// the recorder writes the completion there, so a trainer that reads a ready trajectory
+    /// finds its rewards with it.
+    pub fn completed(&self, trajectory: TrajectoryId, reason: CompletionReason, then: Then) {
+        self.evaluate_trajectory(trajectory, reason);
+        self.inner.after_jobs(trajectory, then);
+    }
+
+    fn evaluate_trajectory(&self, trajectory: TrajectoryId, reason: CompletionReason) {
         let Some(entry) = self.live().remove(&trajectory) else {
             return;
         };
@@ -297,6 +317,7 @@ impl Filters {
         }
         let inner = Arc::clone(inner);
         let job = Arc::new(job);
+        inner.settling().entry(trajectory).or_default().jobs += 1;
         self.tasks.spawn_on(
             async move {
                 let evaluations = inner.evaluate(&tenant, trajectory, job).await;
@@ -304,6 +325,7 @@ impl Filters {
                 if !evaluations.is_empty() {
                     (inner.deliver)(evaluations);
                 }
+                inner.job_done(trajectory);
             },
             runtime.handle(),
         );
@@ -322,11 +344,13 @@ impl Filters {
                 "filters still running at shutdown; their evaluations are lost"
             );
         }
+        self.inner.release_all();
     }
 }
 
 impl Drop for Filters {
     fn drop(&mut self) {
+        self.inner.release_all();
         self.stop.cancel();
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
@@ -335,6 +359,51 @@ impl Drop for Filters {
 }
 
 impl Inner {
+    fn settling(&self) -> MutexGuard<'_, HashMap<TrajectoryId, Settling>> {
+        self.settling.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `then` now if `trajectory` has no evaluation in flight, else after the last one.
+    fn after_jobs(&self, trajectory: TrajectoryId, then: Then) {
+        let mut settling = self.settling();
+        match settling.get_mut(&trajectory) {
+            Some(entry) if entry.jobs > 0 => entry.then.push(then),
+            _ => {
+                settling.remove(&trajectory);
+                drop(settling);
+                then();
+            }
+        }
+    }
+
+    fn job_done(&self, trajectory: TrajectoryId) {
+        let ready = {
+            let mut settling = self.settling();
+            let Some(entry) = settling.get_mut(&trajectory) else {
+                return;
+            };
+            entry.jobs = entry.jobs.saturating_sub(1);
+            if entry.jobs > 0 {
+                return;
+            }
+            settling
+                .remove(&trajectory)
+                .map(|e| e.then)
+                .unwrap_or_default()
+        };
+        ready.into_iter().for_each(|then| then());
+    }
+
+    /// At shutdown: whatever waits runs now, evaluations or not — a completion is never lost.
+    fn release_all(&self) {
+        let waiting: Vec<Then> = self
+            .settling()
+            .drain()
+            .flat_map(|(_, entry)| entry.then)
+            .collect();
+        waiting.into_iter().for_each(|then| then());
+    }
+
     /// Every plugin that applies, concurrently; the evaluations that said something.
     async fn evaluate(
         self: &Arc<Self>,

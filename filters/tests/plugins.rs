@@ -174,11 +174,19 @@ async fn exact_answer_checks_the_final_answer_when_the_trajectory_completes() {
         host.filters
             .next_state(trajectory.id, steps[0].id, &next_of(&steps[0]));
         host.filters.step_recorded(&steps[1]);
+        let (settled, settled_rx) = std::sync::mpsc::channel();
         host.filters.completed(
             trajectory.id,
             clawback_datapool::CompletionReason::DoneHeader,
+            Box::new(move || {
+                let _ = settled.send(());
+            }),
         );
-        // Step evaluations say nothing; the trajectory's arrives.
+        // What waits for the trajectory's evaluations runs once they are delivered ...
+        settled_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the completion callback runs");
+        // ... so the trajectory's evaluation is already there (step evaluations say nothing).
         let evaluations = host.next_batch().await;
         let outcome = only(&evaluations, "exact_answer");
         assert_eq!(outcome.step, None);

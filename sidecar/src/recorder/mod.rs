@@ -146,7 +146,7 @@ struct Sessions {
 
 pub struct Recorder {
     config: Recording,
-    drop_log: throttle::LogThrottle,
+    drop_log: Arc<throttle::LogThrottle>,
     stitcher: Mutex<Stitcher>,
     queue: mpsc::Sender<Message>,
     sessions: Mutex<Sessions>,
@@ -186,7 +186,7 @@ impl Recorder {
         });
         let recorder = Arc::new(Self {
             stitcher: Mutex::new(stitcher),
-            drop_log: throttle::LogThrottle::new(Duration::from_secs(5)),
+            drop_log: Arc::new(throttle::LogThrottle::new(Duration::from_secs(5))),
             redactor: Redactor::new(&config.redact)?,
             config,
             queue,
@@ -217,23 +217,7 @@ impl Recorder {
 
     /// Queues a write without waiting; a full queue drops it (counted).
     fn enqueue(&self, op: WriteOp) {
-        let entries = writer::count(&op);
-        match self.queue.try_send(Message::Write(op)) {
-            Ok(()) => {
-                self.metrics.recorder_queue.inc_by(entries);
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.dropped("queue_full");
-                if let Some(count) = self.drop_log.event() {
-                    tracing::error!(
-                        dropped = count,
-                        "the recorder queue is full: writes are being dropped (the datapool is \
-                         slower than the traffic; see clawback_records_dropped_total)"
-                    );
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => self.dropped("shutting_down"),
-        }
+        send(&self.queue, &self.metrics, &self.drop_log, op);
     }
 
     /// Queues evaluations (explicit feedback now; the filters' scores later).
@@ -367,7 +351,10 @@ impl Recorder {
         }
         if let Some((group, size)) = &hints.group {
             let key = (tenant.clone(), group.clone());
-            let group_id = *sessions.groups.entry(key).or_default();
+            let group_id = *sessions
+                .groups
+                .entry(key)
+                .or_insert_with(|| named_group(tenant, group));
             sessions.tenants_with_groups.insert(tenant.clone());
             trajectory.metadata.insert("group".to_owned(), json!(group));
             trajectory.group = Some(GroupMembership {
@@ -552,11 +539,25 @@ impl Recorder {
                 reason: reason_label(reason),
             })
             .inc();
-        self.enqueue(WriteOp::CompleteTrajectory {
+        let op = WriteOp::CompleteTrajectory {
             request: Complete::now(tenant.clone(), trajectory, reason),
-        });
-        if let Some(filters) = self.filters.get() {
-            filters.completed(trajectory, reason);
+        };
+        match self.filters.get() {
+            // The completion (which makes the trajectory ready for the trainer) is written
+            // after the plugins' evaluations of it, so the trainer finds its rewards with it.
+            Some(filters) => {
+                let (queue, metrics, drop_log) = (
+                    self.queue.clone(),
+                    Arc::clone(&self.metrics),
+                    Arc::clone(&self.drop_log),
+                );
+                filters.completed(
+                    trajectory,
+                    reason,
+                    Box::new(move || send(&queue, &metrics, &drop_log, op)),
+                );
+            }
+            None => self.enqueue(op),
         }
         true
     }
@@ -666,9 +667,68 @@ fn merge_metadata(into: &mut Map<String, Value>, from: &Map<String, Value>) {
     }
 }
 
+/// The id of the group a client names: the same on every sidecar replica (a UUIDv8 of the
+/// SHA-256 of tenant and name), so the rollouts of one group, spread over replicas behind a
+/// load balancer, complete one group in the datapool rather than one per replica.
+fn named_group(tenant: &TenantId, name: &str) -> GroupId {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(tenant.as_str())
+        .chain_update([0])
+        .chain_update(name)
+        .finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    GroupId::from_uuid(uuid::Uuid::new_v8(bytes))
+}
+
+/// Queues a write for the batch writer; a full queue drops it (counted, and logged at most
+/// every few seconds) rather than make a request wait.
+fn send(
+    queue: &mpsc::Sender<Message>,
+    metrics: &Metrics,
+    drop_log: &throttle::LogThrottle,
+    op: WriteOp,
+) {
+    let entries = writer::count(&op);
+    let dropped = |reason: &'static str| {
+        metrics
+            .records_dropped
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    };
+    match queue.try_send(Message::Write(op)) {
+        Ok(()) => {
+            metrics.recorder_queue.inc_by(entries);
+        }
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            dropped("queue_full");
+            if let Some(count) = drop_log.event() {
+                tracing::error!(
+                    dropped = count,
+                    "the recorder queue is full: writes are being dropped (the datapool is \
+                     slower than the traffic; see clawback_records_dropped_total)"
+                );
+            }
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => dropped("shutting_down"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_named_group_has_one_id_on_every_replica_and_per_tenant() {
+        let (a, b) = (TenantId::new("a").unwrap(), TenantId::new("b").unwrap());
+        assert_eq!(named_group(&a, "task-7"), named_group(&a, "task-7"));
+        assert_ne!(named_group(&a, "task-7"), named_group(&a, "task-8"));
+        assert_ne!(named_group(&a, "task-7"), named_group(&b, "task-7"));
+        // The separator keeps ("ab", "c") and ("a", "bc") apart.
+        let ab = TenantId::new("ab").unwrap();
+        assert_ne!(named_group(&ab, "c"), named_group(&a, "bc"));
+    }
 
     #[test]
     fn the_next_state_is_what_follows_the_previous_reply() {
