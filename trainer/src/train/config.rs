@@ -395,6 +395,13 @@ impl TrainConfig {
         };
         if let Some(publish) = &self.publish {
             publish.check().map_err(|problem| bad("publish", problem))?;
+            if matches!(publish.mode, crate::publish::Mode::FullWeights { .. }) {
+                return Err(bad(
+                    "publish.mode",
+                    "`train` publishes LoRA adapters; full_weights needs merged weights, which \
+                     it does not write (use mode = { kind = \"lora\" })",
+                ));
+            }
         }
         if self.lora.rank <= 0 {
             return Err(bad("lora.rank", "must be at least 1"));
@@ -569,11 +576,37 @@ mod tests {
     }
 
     #[test]
+    fn the_gpu_trainer_configs_load_and_point_at_their_engines() {
+        for (text, kind) in [
+            (
+                include_str!("../../../deploy/gpu/trainer-vllm.toml"),
+                crate::publish::BackendKind::Vllm,
+            ),
+            (
+                include_str!("../../../deploy/gpu/trainer-sglang.toml"),
+                crate::publish::BackendKind::Sglang,
+            ),
+        ] {
+            let c = TrainConfig::from_toml(text).unwrap_or_else(|e| panic!("{e}"));
+            let publish = c.publish.unwrap_or_else(|| panic!("[publish] is set"));
+            assert_eq!(publish.backends.len(), 1);
+            assert_eq!(publish.backends[0].kind, kind);
+            assert_eq!(publish.sidecars.len(), 1);
+        }
+    }
+
+    #[test]
     fn publishing_is_checked_at_load() {
         let err = error_of(
             "model = \"m\"\ndatapool = \"d\"\n[publish]\nadapter_root = \"a\"\nbackends = []\n",
         );
         assert!(err.contains("publish") && err.contains("backends"), "{err}");
+        let err = error_of(
+            "model = \"m\"\ndatapool = \"d\"\n[publish]\nadapter_root = \"a\"\n\
+             mode = { kind = \"full_weights\", served_model = \"m\" }\n\
+             [[publish.backends]]\nkind = \"sglang\"\nurl = \"http://s\"\n",
+        );
+        assert!(err.contains("full_weights"), "{err}");
     }
 
     #[test]
