@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod chat_template;
 pub mod config;
+pub mod demo;
 pub mod generate;
 pub mod json_file;
 pub mod kv_cache;
@@ -22,6 +23,7 @@ pub mod scoring;
 pub mod serve;
 #[cfg(test)]
 mod test_support;
+pub mod tiny_model;
 pub mod tokenizer;
 pub mod train;
 pub mod weights;

@@ -1,4 +1,5 @@
-//! `clawback-trainer`: the trainer's command line. `bench` measures training throughput;
+//! `clawback-trainer`: the trainer's command line. `demo` runs deploy = training end to end on
+//! this machine; `bench` measures training throughput;
 //! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message;
 //! `serve` answers OpenAI-compatible HTTP requests with it; `train` trains per-tenant adapters
 //! from the datapool.
@@ -7,11 +8,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use clawback_trainer::bench::{self, BenchSpec, Preset};
 use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
+use clawback_trainer::demo::{self, DemoOptions};
 use clawback_trainer::generate::{generate, SamplingParams};
 use clawback_trainer::lora::{LoraAdapter, LoraConfig};
 use clawback_trainer::model::{Model, Placement};
@@ -38,6 +41,44 @@ enum PresetArg {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Deploy = training on this machine: the reference backend on a tiny model, the sidecar,
+    /// the trainer and two simulated tenants with opposite tastes; ends with a reward curve.
+    Demo {
+        /// The run folder (emptied of an earlier run's files first).
+        #[arg(long, default_value = "clawback-demo")]
+        dir: PathBuf,
+        /// The sidecar binary (default: `clawback-sidecar` beside this one).
+        #[arg(long)]
+        sidecar: Option<PathBuf>,
+        /// The letter-case plugin.
+        #[arg(
+            long,
+            default_value = "wasm-plugins/target/wasm32-wasip2/release/letter_case.wasm"
+        )]
+        plugin: PathBuf,
+        /// Record into Redis (and train from it) instead of the embedded store.
+        #[arg(long)]
+        redis: Option<String>,
+        #[arg(long, default_value_t = 40)]
+        rounds: u32,
+        /// Rollouts per group: each tenant runs one group per round.
+        #[arg(long, default_value_t = 8)]
+        group_size: u32,
+        /// Sidecar replicas the agents' calls are spread over.
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
+        /// Kill the backend before this round and start it again.
+        #[arg(long)]
+        restart_backend_at: Option<u32>,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// The trainer's learning rate.
+        #[arg(long, default_value_t = 1e-2)]
+        lr: f64,
+        /// Seconds between progress lines.
+        #[arg(long, default_value_t = 2.0)]
+        progress_every: f64,
+    },
     /// Trains each tenant's LoRA adapter from the datapool's ready queue (see trainer.example.toml).
     Train {
         #[arg(long)]
@@ -120,6 +161,10 @@ enum Command {
         /// CPU threads for libtorch (default: its own choice).
         #[arg(long)]
         threads: Option<i32>,
+        /// A directory of PEFT folders: a request for an unknown model named like one of them
+        /// loads it first (vLLM's filesystem LoRA resolver), so a restart loses no adapter.
+        #[arg(long)]
+        lora_resolver_dir: Option<PathBuf>,
     },
 }
 
@@ -134,6 +179,40 @@ fn parse_adapter(arg: &str) -> Result<(String, PathBuf), String> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Demo {
+            dir,
+            sidecar,
+            plugin,
+            redis,
+            rounds,
+            group_size,
+            replicas,
+            restart_backend_at,
+            seed,
+            lr,
+            progress_every,
+        } => {
+            let sidecar = match sidecar {
+                Some(path) => path,
+                None => std::env::current_exe()
+                    .context("finding this executable")?
+                    .with_file_name("clawback-sidecar"),
+            };
+            let options = DemoOptions {
+                dir,
+                sidecar,
+                plugin,
+                redis,
+                rounds,
+                group_size,
+                replicas,
+                restart_backend_at,
+                seed,
+                lr,
+                progress_every: Duration::from_secs_f64(progress_every.max(0.1)),
+            };
+            demo::run(&options)?;
+        }
         Command::Train {
             config,
             exit_when_idle,
@@ -273,11 +352,13 @@ fn main() -> Result<()> {
             device,
             max_num_seqs,
             threads,
+            lora_resolver_dir,
         } => {
             if let Some(threads) = threads {
                 tch::set_num_threads(threads);
             }
             let options = ServeOptions {
+                lora_resolver_dir,
                 model,
                 served_model_name,
                 adapters,

@@ -10,7 +10,8 @@ use std::process::Stdio;
 use clawback_trainer::Tokenizer;
 use serde_json::{json, Value};
 use serve_support::{
-    expected_prompt, start, temp_dir, write_adapter, write_model, Client, BASE, EOS_ID,
+    expected_prompt, start, start_with_resolver, temp_dir, write_adapter, write_model, Client,
+    BASE, EOS_ID,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -618,4 +619,30 @@ async fn the_serve_command_listens_where_it_says_and_answers() {
     // vLLM's default name for the base model is the path it was given.
     assert_eq!(models["data"][0]["id"], dir.display().to_string());
     child.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_adapter_is_loaded_from_the_resolver_folder_as_vllm_does() {
+    let dir = temp_dir("resolver");
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    write_model(&model, 12, 1);
+    let adapters = dir.join("adapters");
+    write_adapter(&model, &adapters.join("acme@v3"), 5, 4);
+    // A server that never heard of acme@v3 (as after a restart) serves it on first request.
+    let server = start_with_resolver(&model, Some(adapters.clone())).await;
+    let client = Client::new(&server);
+    let ask = |model: &str| json!({"model": model, "messages": messages(), "temperature": 0, "max_tokens": 3});
+    let (status, body) = client
+        .post_json("/v1/chat/completions", &ask("acme@v3"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "acme@v3");
+    assert!(client.model_ids().await.contains(&"acme@v3".to_owned()));
+    // Not in the folder, or not a plain name inside it: not found, nothing loaded.
+    for name in ["acme@v4", "../adapters/acme@v3", "/etc"] {
+        let (status, body) = client.post_json("/v1/chat/completions", &ask(name)).await;
+        assert_eq!(status, 404, "{name}: {body}");
+    }
+    assert_eq!(client.model_ids().await.len(), 2);
 }

@@ -33,6 +33,7 @@ pub struct App {
     placement: Placement,
     worker: mpsc::Sender<Command>,
     ids: AtomicU64,
+    lora_resolver_dir: Option<PathBuf>,
 }
 
 impl App {
@@ -43,6 +44,7 @@ impl App {
         base_name: String,
         placement: Placement,
         worker: mpsc::Sender<Command>,
+        lora_resolver_dir: Option<PathBuf>,
     ) -> Self {
         let mut stop_token_ids = config.eos_token_ids.clone();
         if let Some(eos) = &template.special_tokens().eos_token {
@@ -59,6 +61,7 @@ impl App {
             placement,
             worker,
             ids: AtomicU64::new(unix_nanos()),
+            lora_resolver_dir,
         }
     }
 
@@ -69,8 +72,47 @@ impl App {
     }
 
     /// Queues a generation; once the worker has admitted it (the model name resolved), the
-    /// tokens arrive on the returned channel. Dropping the channel cancels the request.
+    /// tokens arrive on the returned channel. Dropping the channel cancels the request. A
+    /// model the worker does not know is looked up in the LoRA resolver directory first.
     pub async fn generate(
+        self: &Arc<Self>,
+        model: String,
+        prompt: Vec<i64>,
+        sampling: Sampling,
+    ) -> Result<tokio_mpsc::UnboundedReceiver<Event>, ServeError> {
+        match self
+            .submit(model.clone(), prompt.clone(), sampling.clone())
+            .await
+        {
+            Err(ServeError::ModelNotFound(name)) => match self.resolvable(&name) {
+                Some(path) => {
+                    match self.load_adapter(name, path).await {
+                        // Another request resolved it first.
+                        Ok(()) | Err(ServeError::AdapterExists(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                    self.submit(model, prompt, sampling).await
+                }
+                None => Err(ServeError::ModelNotFound(name)),
+            },
+            other => other,
+        }
+    }
+
+    /// The resolver's folder for `name`: a single plain path component (never `..` or a
+    /// path) naming a directory with an `adapter_config.json`.
+    fn resolvable(&self, name: &str) -> Option<PathBuf> {
+        let root = self.lora_resolver_dir.as_ref()?;
+        let mut components = std::path::Path::new(name).components();
+        let plain = matches!(
+            (components.next(), components.next()),
+            (Some(std::path::Component::Normal(_)), None)
+        );
+        let dir = root.join(name);
+        (plain && dir.join("adapter_config.json").is_file()).then_some(dir)
+    }
+
+    async fn submit(
         &self,
         model: String,
         prompt: Vec<i64>,

@@ -55,6 +55,10 @@ pub struct ServeOptions {
     /// Sequences decoded at once; later requests wait their turn.
     pub max_num_seqs: usize,
     pub addr: SocketAddr,
+    /// vLLM's filesystem LoRA resolver (`VLLM_LORA_RESOLVER_CACHE_DIR`): a request for a model
+    /// the server does not know, named like a PEFT folder in this directory, loads that folder
+    /// as the adapter first. A restarted server thus serves the adapters published before it.
+    pub lora_resolver_dir: Option<PathBuf>,
 }
 
 /// A running server.
@@ -72,6 +76,7 @@ impl Server {
             placement,
             max_num_seqs,
             addr,
+            lora_resolver_dir,
         } = options;
         let base_name = served_model_name.unwrap_or_else(|| model.display().to_string());
         let dir = model.clone();
@@ -92,7 +97,13 @@ impl Server {
         let worker = engine::spawn(net, base_name.clone(), model, max_num_seqs)
             .map_err(|e| ServeError::Generation(format!("cannot start the model thread: {e}")))?;
         let app = Arc::new(app::App::new(
-            tokenizer, template, config, base_name, placement, worker,
+            tokenizer,
+            template,
+            config,
+            base_name,
+            placement,
+            worker,
+            lora_resolver_dir,
         ));
         for (name, path) in adapters {
             app.load_adapter(name, path).await?;

@@ -1,6 +1,5 @@
-//! What the serve tests stand on: tiny random HF model folders written to disk (config,
-//! safetensors, a byte-level BPE `tokenizer.json` with Qwen's special tokens, and the
-//! Qwen2.5 chat template), PEFT adapters, a server on a loopback port, and a small client
+//! What the serve tests stand on: tiny random HF model folders written to disk
+//! ([`TinyModel`]), PEFT adapters, a server on a loopback port, and a small client
 //! that reads SSE streams.
 
 #![allow(dead_code)]
@@ -12,14 +11,13 @@ use clawback_trainer::config::ModelConfig;
 use clawback_trainer::lora::{LoraAdapter, LoraConfig};
 use clawback_trainer::model::Placement;
 use clawback_trainer::serve::{ServeOptions, Server};
-use clawback_trainer::{ChatInput, ChatTemplate, Target, Tokenizer};
-use serde_json::{json, Value};
-use tch::{Device, Kind, Tensor};
+use clawback_trainer::tiny_model::TinyModel;
+pub use clawback_trainer::tiny_model::EOS_ID;
+use clawback_trainer::{ChatInput, ChatTemplate, Tokenizer};
+use serde_json::Value;
+use tch::{Device, Tensor};
 
 pub const BASE: &str = "tiny-qwen";
-pub const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-pub const EOS_ID: i64 = 258;
-pub const VOCAB: i64 = 261;
 
 /// torch's generator is global and the tests run in parallel: whoever seeds it draws alone,
 /// so that a seed always gives the same weights.
@@ -40,105 +38,21 @@ pub fn temp_dir(name: &str) -> PathBuf {
 }
 
 pub fn config_json(layers: i64) -> Value {
-    json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
-        "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "bos_token_id": 256, "eos_token_id": EOS_ID, "torch_dtype": "float32"
-    })
+    tiny(0, layers).config_json()
+}
+
+fn tiny(seed: i64, layers: i64) -> TinyModel {
+    TinyModel {
+        layers,
+        seed,
+        ..TinyModel::default()
+    }
 }
 
 /// Writes a random model folder (weights from `seed`) that `serve --model` can load.
 pub fn write_model(dir: &Path, seed: i64, layers: i64) {
-    let config_text = config_json(layers).to_string();
-    std::fs::write(dir.join("config.json"), &config_text).unwrap();
-    let config = ModelConfig::from_json(&config_text).unwrap();
     let _rng = torch_rng();
-    tch::manual_seed(seed);
-    // Wider than transformers' 0.02: a random model then has preferences, so greedy
-    // outputs differ between weights and adapters.
-    let randn = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu)) * 0.3;
-    let h = config.hidden_size;
-    let mut named: Vec<(String, Tensor)> = vec![
-        ("model.embed_tokens.weight".into(), randn(&[VOCAB, h])),
-        (
-            "model.norm.weight".into(),
-            Tensor::ones([h], (Kind::Float, Device::Cpu)),
-        ),
-    ];
-    for layer in 0..layers {
-        let p = format!("model.layers.{layer}");
-        for norm in ["input_layernorm", "post_attention_layernorm"] {
-            named.push((
-                format!("{p}.{norm}.weight"),
-                Tensor::ones([h], (Kind::Float, Device::Cpu)),
-            ));
-        }
-        for target in Target::ALL {
-            let (fan_in, fan_out) = target.dims(&config);
-            let name = format!("{p}.{}.{}.weight", target.block(), target.module_name());
-            named.push((name, randn(&[fan_out, fan_in])));
-        }
-    }
-    let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    Tensor::write_safetensors(&refs, dir.join("model.safetensors")).unwrap();
-    write_tokenizer(dir);
-}
-
-/// GPT-2's byte → printable character table, which byte-level BPE vocabularies are made of.
-fn byte_chars() -> Vec<char> {
-    let printable =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let mut extra = 0;
-    (0u32..256)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).unwrap()
-            } else {
-                extra += 1;
-                char::from_u32(255 + extra).unwrap()
-            }
-        })
-        .collect()
-}
-
-/// A byte-level BPE without merges (id = byte value) plus Qwen's special and tool-call tokens.
-fn write_tokenizer(dir: &Path) {
-    let vocab: serde_json::Map<String, Value> = byte_chars()
-        .into_iter()
-        .enumerate()
-        .map(|(b, c)| (c.to_string(), json!(b)))
-        .collect();
-    let added = |id: usize, content: &str, special: bool| {
-        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
-               "rstrip": false, "normalized": false, "special": special})
-    };
-    let mut added_tokens: Vec<Value> = SPECIALS
-        .iter()
-        .enumerate()
-        .map(|(i, t)| added(256 + i, t, true))
-        .collect();
-    added_tokens.push(added(259, "<tool_call>", false));
-    added_tokens.push(added(260, "</tool_call>", false));
-    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
-                            "trim_offsets": true, "use_regex": true});
-    let tokenizer = json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": added_tokens,
-        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
-        "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                  "vocab": vocab, "merges": []}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let config = json!({
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": null,
-        "model_max_length": 1024, "chat_template": QWEN2_5_TEMPLATE
-    });
-    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    tiny(seed, layers).write(dir).unwrap();
 }
 
 /// Writes a PEFT adapter for the model in `model_dir` whose B factors are random, so that it
@@ -164,6 +78,11 @@ pub fn write_adapter(model_dir: &Path, dir: &Path, seed: i64, rank: i64) {
 
 /// A server for the model in `dir`, named [`BASE`], on a free loopback port.
 pub async fn start(dir: &Path) -> Server {
+    start_with_resolver(dir, None).await
+}
+
+/// [`start`], with vLLM's filesystem LoRA resolver reading `resolver`.
+pub async fn start_with_resolver(dir: &Path, resolver: Option<PathBuf>) -> Server {
     // Ops this small gain nothing from a second thread.
     tch::set_num_threads(1);
     Server::start(ServeOptions {
@@ -173,6 +92,7 @@ pub async fn start(dir: &Path) -> Server {
         placement: Placement::cpu(),
         max_num_seqs: 8,
         addr: "127.0.0.1:0".parse().unwrap(),
+        lora_resolver_dir: resolver,
     })
     .await
     .unwrap()
@@ -317,66 +237,3 @@ impl Stream {
         events
     }
 }
-
-/// The Qwen2.5 chat template, tools included (as `tests/parity/fixtures.py` has it).
-pub const QWEN2_5_TEMPLATE: &str = concat!(
-    "{%- if tools %}\n",
-    "    {{- '<|im_start|>system\\n' }}\n",
-    "    {%- if messages[0]['role'] == 'system' %}\n",
-    "        {{- messages[0]['content'] }}\n",
-    "    {%- else %}\n",
-    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n",
-    "    {%- endif %}\n",
-    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n",
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n",
-    "    {%- for tool in tools %}\n",
-    "        {{- \"\\n\" }}\n",
-    "        {{- tool | tojson }}\n",
-    "    {%- endfor %}\n",
-    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and ",
-    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, ",
-    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n",
-    "{%- else %}\n",
-    "    {%- if messages[0]['role'] == 'system' %}\n",
-    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n",
-    "    {%- else %}\n",
-    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful ",
-    "assistant.<|im_end|>\\n' }}\n",
-    "    {%- endif %}\n",
-    "{%- endif %}\n",
-    "{%- for message in messages %}\n",
-    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or ",
-    "(message.role == \"assistant\" and not message.tool_calls) %}\n",
-    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n",
-    "    {%- elif message.role == \"assistant\" %}\n",
-    "        {{- '<|im_start|>' + message.role }}\n",
-    "        {%- if message.content %}\n",
-    "            {{- '\\n' + message.content }}\n",
-    "        {%- endif %}\n",
-    "        {%- for tool_call in message.tool_calls %}\n",
-    "            {%- if tool_call.function is defined %}\n",
-    "                {%- set tool_call = tool_call.function %}\n",
-    "            {%- endif %}\n",
-    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n",
-    "            {{- tool_call.name }}\n",
-    "            {{- '\", \"arguments\": ' }}\n",
-    "            {{- tool_call.arguments | tojson }}\n",
-    "            {{- '}\\n</tool_call>' }}\n",
-    "        {%- endfor %}\n",
-    "        {{- '<|im_end|>\\n' }}\n",
-    "    {%- elif message.role == \"tool\" %}\n",
-    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n",
-    "            {{- '<|im_start|>user' }}\n",
-    "        {%- endif %}\n",
-    "        {{- '\\n<tool_response>\\n' }}\n",
-    "        {{- message.content }}\n",
-    "        {{- '\\n</tool_response>' }}\n",
-    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n",
-    "            {{- '<|im_end|>\\n' }}\n",
-    "        {%- endif %}\n",
-    "    {%- endif %}\n",
-    "{%- endfor %}\n",
-    "{%- if add_generation_prompt %}\n",
-    "    {{- '<|im_start|>assistant\\n' }}\n",
-    "{%- endif %}\n",
-);

@@ -1,0 +1,227 @@
+//! The demo's run folder and the configuration files it writes there: one TOML file per
+//! sidecar replica and one for the trainer, the same files a deployment would write by hand
+//! (`deploy/clawback.example.toml`, `trainer/trainer.example.toml`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::{DemoTenant, BASE_MODEL, PLUGIN};
+
+/// Where everything of one run lives; emptied when the run starts.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    pub root: PathBuf,
+}
+
+impl RunDir {
+    /// Empties `root` (only what an earlier demo run put there) and creates the layout.
+    pub fn create(root: &Path) -> Result<Self> {
+        let dir = Self {
+            root: root.to_owned(),
+        };
+        for sub in [
+            "model",
+            "plugins",
+            "adapters",
+            "checkpoints",
+            "data",
+            "logs",
+        ] {
+            let path = dir.root.join(sub);
+            if path.exists() {
+                std::fs::remove_dir_all(&path)
+                    .with_context(|| format!("emptying {}", path.display()))?;
+            }
+            std::fs::create_dir_all(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
+        }
+        for file in ["train-metrics.jsonl", "summary.json", "reward-curve.svg"] {
+            let _ = std::fs::remove_file(dir.root.join(file));
+        }
+        Ok(dir)
+    }
+
+    pub fn model(&self) -> PathBuf {
+        self.root.join("model")
+    }
+    pub fn plugins(&self) -> PathBuf {
+        self.root.join("plugins")
+    }
+    pub fn adapters(&self) -> PathBuf {
+        self.root.join("adapters")
+    }
+    pub fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    pub fn metrics(&self) -> PathBuf {
+        self.root.join("train-metrics.jsonl")
+    }
+    pub fn chart(&self) -> PathBuf {
+        self.root.join("reward-curve.svg")
+    }
+    pub fn summary(&self) -> PathBuf {
+        self.root.join("summary.json")
+    }
+
+    /// Writes `text` to `name` in the run folder and returns its path.
+    pub fn write(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let path = self.root.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+}
+
+/// A TOML basic string (JSON's escaping is a subset of TOML's).
+fn quoted(text: &str) -> String {
+    serde_json::Value::String(text.to_owned()).to_string()
+}
+
+fn path(p: &Path) -> String {
+    quoted(&p.display().to_string())
+}
+
+/// What the sidecars and the trainer share.
+pub struct Wiring<'a> {
+    pub run: &'a RunDir,
+    pub backend: &'a str,
+    pub redis: Option<&'a str>,
+    pub admin_token: &'a str,
+    pub tenants: &'a [DemoTenant],
+}
+
+/// One sidecar replica's config: the backend in vLLM's shapes, the tenants' keys, the admin
+/// token, routing to each tenant's live adapter, and the letter-case plugin with each tenant's
+/// preference.
+pub fn sidecar_toml(w: &Wiring<'_>) -> String {
+    let mut toml = String::new();
+    let _ = writeln!(toml, "listen = \"127.0.0.1:0\"");
+    let _ = writeln!(toml, "upstreams = [{}]", quoted(w.backend));
+    let _ = writeln!(toml, "upstream_kind = \"vllm\"");
+    let _ = writeln!(toml, "data_dir = {}", path(&w.run.data()));
+    if let Some(redis) = w.redis {
+        let _ = writeln!(toml, "redis = {}", quoted(redis));
+    }
+    let _ = writeln!(toml, "\n[tenants.keys]");
+    for tenant in w.tenants {
+        let _ = writeln!(
+            toml,
+            "{} = {}",
+            quoted(&tenant.key_hash()),
+            quoted(&tenant.name)
+        );
+    }
+    let _ = writeln!(
+        toml,
+        "\n[recording]\nidle_timeout = \"1m\"\ngroup_timeout = \"2m\""
+    );
+    let _ = writeln!(toml, "\n[admin]\ntoken = {}", quoted(w.admin_token));
+    let _ = writeln!(
+        toml,
+        "\n[routing]\nbase_model = {}\npoll_interval = \"100ms\"",
+        quoted(BASE_MODEL)
+    );
+    let _ = writeln!(toml, "\n[filters]\ndir = {}", path(&w.run.plugins()));
+    let _ = writeln!(toml, "\n[filters.plugins.{PLUGIN}.tenant_config]");
+    for tenant in w.tenants {
+        let _ = writeln!(
+            toml,
+            "{} = {{ prefer = {} }}",
+            quoted(&tenant.name),
+            quoted(tenant.prefers.as_str())
+        );
+    }
+    toml
+}
+
+/// How hard the trainer pushes: the demo's knobs, chosen so a tiny model moves in minutes.
+pub struct Training {
+    pub group_size: u32,
+    pub lr: f64,
+    pub rank: u32,
+}
+
+/// The trainer's config: every tenant's adapter from the sidecars' datapool, a checkpoint (and
+/// so a publish) whenever a tenant's queue runs dry, into the backend and every replica.
+pub fn trainer_toml(w: &Wiring<'_>, sidecars: &[String], training: &Training) -> String {
+    let datapool = match w.redis {
+        Some(redis) => quoted(redis),
+        None => path(&w.run.data()),
+    };
+    let tenants: Vec<String> = w.tenants.iter().map(|t| quoted(&t.name)).collect();
+    let mut toml = format!(
+        r#"model = {model}
+device = "cpu"
+threads = 1
+datapool = {datapool}
+tenants = [{tenants}]
+poll_interval = "100ms"
+
+[consumer]
+group = "demo"
+name = "trainer-0"
+
+[lora]
+rank = {rank}
+alpha = {alpha:.1}
+
+[optimizer]
+lr = {lr:e}
+max_grad_norm = 1.0
+
+[schedule]
+warmup_steps = 2
+decay = "constant"
+
+[loss]
+group_normalization = "grpo"
+
+[batch]
+samples_per_step = {group}
+max_wait = "2s"
+max_staleness = 8
+
+[checkpoint]
+dir = {checkpoints}
+every = 1
+keep_last = 2
+
+[metrics]
+progress = false
+jsonl = {metrics}
+
+[publish]
+adapter_root = {adapters}
+switch_timeout = "5s"
+drain_timeout = "10s"
+poll_interval = "50ms"
+
+[[publish.backends]]
+kind = "reference"
+url = {backend}
+"#,
+        model = path(&w.run.model()),
+        tenants = tenants.join(", "),
+        rank = training.rank,
+        alpha = 2.0 * f64::from(training.rank),
+        lr = training.lr,
+        group = training.group_size,
+        checkpoints = path(&w.run.root.join("checkpoints")),
+        metrics = path(&w.run.metrics()),
+        adapters = path(&w.run.adapters()),
+        backend = quoted(w.backend),
+    );
+    for url in sidecars {
+        let _ = write!(
+            toml,
+            "\n[[publish.sidecars]]\nurl = {}\nadmin_token = {}\n",
+            quoted(url),
+            quoted(w.admin_token)
+        );
+    }
+    toml
+}

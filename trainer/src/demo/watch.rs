@@ -1,0 +1,320 @@
+//! Watching the loop from the outside, as an operator would: the rewards the plugin gave
+//! (the sidecar's `GET /tenants/{t}/rewards`), the live adapter on every replica
+//! (`GET /admin/policies`), and the trainer's optimizer steps and publishes (its JSONL
+//! metrics log). A progress line goes to stderr as it changes.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use super::files::RunDir;
+use super::summary::{mean, round_means};
+use super::workload::{lock, Plan, State};
+use super::PLUGIN;
+
+/// How often the sidecars and the metrics log are read.
+const POLL: Duration = Duration::from_millis(500);
+
+/// One optimizer step of one tenant, from the trainer's log.
+#[derive(Debug, Clone)]
+pub struct StepSeen {
+    pub tenant: String,
+    pub step: u64,
+    pub reward_mean: Option<f64>,
+}
+
+/// One publish, from the trainer's log.
+#[derive(Debug, Clone)]
+pub struct PublishSeen {
+    pub tenant: String,
+    pub version: u64,
+    pub adapter: String,
+    pub error: Option<String>,
+    pub save_seconds: f64,
+    pub load_seconds: f64,
+    pub switch_seconds: f64,
+    pub drain_seconds: f64,
+    pub load_attempts: u64,
+    /// Seconds since the workload began when the demo saw it.
+    pub seen_at: f64,
+}
+
+#[derive(Debug, Default)]
+pub struct Observations {
+    /// The plugin's reward per trajectory id.
+    pub rewards: HashMap<String, f64>,
+    pub steps: Vec<StepSeen>,
+    pub publishes: Vec<PublishSeen>,
+    /// Per replica: tenant → live adapter.
+    pub live: Vec<HashMap<String, String>>,
+    /// Per tenant, the trainer's latest totals of samples dropped as stale and groups
+    /// dropped for equal rewards.
+    pub stale_dropped: HashMap<String, u64>,
+    pub no_signal: HashMap<String, u64>,
+    /// Bytes of the metrics log already read.
+    log_offset: u64,
+}
+
+impl Observations {
+    /// Groups of `tenant` the trainer is done with: each gave an optimizer step, or was
+    /// dropped because its rewards were all equal (one group per step in the demo).
+    pub fn groups_done(&self, tenant: &str) -> u64 {
+        self.steps_of(tenant) + self.no_signal.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Optimizer steps `tenant`'s adapter has taken.
+    pub fn steps_of(&self, tenant: &str) -> u64 {
+        self.steps
+            .iter()
+            .filter(|s| s.tenant == tenant)
+            .map(|s| s.step)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+pub struct Watcher {
+    task: tokio::task::JoinHandle<()>,
+    stop: Arc<Notify>,
+    started: Instant,
+}
+
+pub fn spawn(
+    client: reqwest::Client,
+    plan: &Plan,
+    log: PathBuf,
+    state: State,
+    started: Instant,
+) -> Watcher {
+    let stop = Arc::new(Notify::new());
+    let sidecars = plan.sidecars.clone();
+    let admin = plan.admin_token.clone();
+    let tenants: Vec<String> = plan.tenants.iter().map(|t| t.name.clone()).collect();
+    let every = plan.progress_every;
+    let rounds = plan.rounds;
+    let prefs: Vec<&'static str> = plan.tenants.iter().map(|t| t.prefers.as_str()).collect();
+    let stopped = Arc::clone(&stop);
+    let task = tokio::spawn(async move {
+        let mut last_line = Instant::now();
+        loop {
+            poll(&client, &sidecars, &admin, &tenants, &log, &state, started).await;
+            if last_line.elapsed() >= every {
+                last_line = Instant::now();
+                eprintln!("{}", progress(&state, &tenants, &prefs, rounds, started));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = stopped.notified() => return,
+            }
+        }
+    });
+    Watcher {
+        task,
+        stop,
+        started,
+    }
+}
+
+impl Watcher {
+    /// Stops watching after a last look, once the last evaluations had time to land.
+    pub async fn finish(self, client: &reqwest::Client, plan: &Plan, run: &RunDir, state: &State) {
+        self.stop.notify_one();
+        let _ = self.task.await;
+        let tenants: Vec<String> = plan.tenants.iter().map(|t| t.name.clone()).collect();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        poll(
+            client,
+            &plan.sidecars,
+            &plan.admin_token,
+            &tenants,
+            &run.metrics(),
+            state,
+            self.started,
+        )
+        .await;
+    }
+}
+
+async fn poll(
+    client: &reqwest::Client,
+    sidecars: &[String],
+    admin: &str,
+    tenants: &[String],
+    log: &PathBuf,
+    state: &State,
+    started: Instant,
+) {
+    let mut rewards = Vec::new();
+    if let Some(first) = sidecars.first() {
+        for tenant in tenants {
+            let url = format!("{first}/tenants/{tenant}/rewards?limit=200");
+            if let Some(body) = get_json(client, &url, admin).await {
+                rewards.extend(plugin_rewards(&body));
+            }
+        }
+    }
+    let mut live = Vec::new();
+    for sidecar in sidecars {
+        let body = get_json(client, &format!("{sidecar}/admin/policies"), admin).await;
+        live.push(body.map(|b| live_adapters(&b)));
+    }
+    let seen_at = started.elapsed().as_secs_f64();
+    let mut shared = lock(state);
+    let obs = &mut shared.outcome.observations;
+    obs.rewards.extend(rewards);
+    obs.live.resize(sidecars.len(), HashMap::new());
+    for (slot, found) in obs.live.iter_mut().zip(live) {
+        if let Some(found) = found {
+            *slot = found;
+        }
+    }
+    read_log(log, obs, seen_at);
+}
+
+async fn get_json(client: &reqwest::Client, url: &str, admin: &str) -> Option<Value> {
+    let response = client.get(url).bearer_auth(admin).send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    response.json().await.ok()
+}
+
+/// `(trajectory, reward)` of the plugin's points in a rewards listing.
+fn plugin_rewards(body: &Value) -> Vec<(String, f64)> {
+    body["points"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["source"].as_str() == Some(PLUGIN))
+        .filter_map(|p| Some((p["trajectory"].as_str()?.to_owned(), p["reward"].as_f64()?)))
+        .collect()
+}
+
+/// tenant → adapter from `GET /admin/policies`.
+fn live_adapters(body: &Value) -> HashMap<String, String> {
+    body["policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some((
+                p["tenant"].as_str()?.to_owned(),
+                p["adapter"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// Reads the complete lines the trainer appended since the last look.
+fn read_log(path: &PathBuf, obs: &mut Observations, seen_at: f64) {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return;
+    };
+    if file.seek(SeekFrom::Start(obs.log_offset)).is_err() {
+        return;
+    }
+    let mut reader = BufReader::new(file);
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        if !line.ends_with('\n') {
+            // Half written: read it whole next time.
+            break;
+        }
+        obs.log_offset += line.len() as u64;
+        if let Ok(value) = serde_json::from_str::<Value>(&line) {
+            record_line(&value, obs, seen_at);
+        }
+        line.clear();
+    }
+}
+
+fn record_line(value: &Value, obs: &mut Observations, seen_at: f64) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let number = |v: &Value| v.as_f64().unwrap_or(0.0);
+    if let Some(publish) = value.get("publish") {
+        obs.publishes.push(PublishSeen {
+            tenant: text(&publish["tenant"]),
+            version: publish["version"].as_u64().unwrap_or(0),
+            adapter: text(&publish["adapter"]),
+            error: publish["error"].as_str().map(str::to_owned),
+            save_seconds: number(&publish["save_seconds"]),
+            load_seconds: number(&publish["load_seconds"]),
+            switch_seconds: number(&publish["switch_seconds"]),
+            drain_seconds: number(&publish["drain_seconds"]),
+            load_attempts: publish["load_attempts"].as_u64().unwrap_or(0),
+            seen_at,
+        });
+        return;
+    }
+    let tenant = text(&value["tenant"]);
+    let Some(step) = value["step"].as_u64() else {
+        return;
+    };
+    if let Some(stale) = value["samples_stats"]["stale_dropped"].as_u64() {
+        obs.stale_dropped.insert(tenant.clone(), stale);
+    }
+    if let Some(no_signal) = value["dropped"]["no_signal"].as_u64() {
+        obs.no_signal.insert(tenant.clone(), no_signal);
+    }
+    obs.steps.push(StepSeen {
+        tenant,
+        step,
+        reward_mean: value["reward_mean"].as_f64(),
+    });
+}
+
+/// `[  42s] round 12/40 | loud (upper) reward -0.02 → 0.31 live loud@v11 | ... | 192 requests, 0 failed | 21 swaps`
+fn progress(
+    state: &State,
+    tenants: &[String],
+    prefs: &[&str],
+    rounds: u32,
+    started: Instant,
+) -> String {
+    let shared = lock(state);
+    let outcome = &shared.outcome;
+    let mut line = format!(
+        "[{:>4.0}s] round {}/{}",
+        started.elapsed().as_secs_f64(),
+        shared.round + 1,
+        rounds
+    );
+    for (index, tenant) in tenants.iter().enumerate() {
+        let means: Vec<f64> = round_means(outcome, index)
+            .into_iter()
+            .filter_map(|r| r.mean)
+            .collect();
+        let first = mean(means.iter().take(2).copied());
+        let recent = mean(means.iter().rev().take(2).copied());
+        let live = outcome
+            .observations
+            .live
+            .first()
+            .and_then(|l| l.get(tenant))
+            .map_or("base", String::as_str);
+        let fmt = |v: Option<f64>| v.map_or_else(|| "  -  ".to_owned(), |v| format!("{v:+.2}"));
+        line.push_str(&format!(
+            " | {tenant} ({}) reward {} → {} live {live}",
+            prefs.get(index).copied().unwrap_or("?"),
+            fmt(first),
+            fmt(recent)
+        ));
+    }
+    let swaps = outcome
+        .observations
+        .publishes
+        .iter()
+        .filter(|p| p.error.is_none())
+        .count();
+    line.push_str(&format!(
+        " | {} requests, {} failed | {swaps} swaps",
+        outcome.served + outcome.failed,
+        outcome.failed
+    ));
+    line
+}

@@ -1,0 +1,362 @@
+//! The simulated agents. Each round, every tenant runs one group of rollouts of one prompt,
+//! concurrently: a rollout is opened through the sidecar's handshake API (as a rollout
+//! orchestrator would), then the agent makes its call to the `base_url` it got, with its own
+//! API key and `X-Clawback-Done: true`, half of them streamed. Calls are spread over the
+//! sidecar replicas. A round starts once the trainer is at most [`LAG`] rounds behind, so the
+//! policy that serves it is recent, and the backend is restarted before the round asked for.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use super::files::RunDir;
+use super::processes::Process;
+use super::watch::{self, Observations};
+use super::{Backend, DemoTenant, BASE_MODEL};
+
+/// How many rounds the workload may run ahead of the trainer.
+const LAG: u32 = 2;
+/// How long a round waits for the trainer before it goes anyway.
+const PACE_WAIT: Duration = Duration::from_secs(60);
+/// Tokens per reply.
+const MAX_TOKENS: u32 = 20;
+
+/// What to play.
+pub struct Plan {
+    pub sidecars: Vec<String>,
+    pub admin_token: String,
+    pub tenants: Vec<DemoTenant>,
+    pub rounds: u32,
+    pub group_size: u32,
+    pub restart_backend_at: Option<u32>,
+    pub progress_every: Duration,
+}
+
+/// One rollout the agents ran.
+#[derive(Debug, Clone)]
+pub struct Rollout {
+    pub tenant: usize,
+    pub round: u32,
+    pub replica: usize,
+    pub trajectory: String,
+    pub served: bool,
+}
+
+/// What the workload and the watcher found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub rollouts: Vec<Rollout>,
+    pub served: u64,
+    pub failed: u64,
+    /// The first few failures, as the agent saw them.
+    pub failures: Vec<String>,
+    pub observations: Observations,
+    pub backend_restarts: u32,
+    /// When the first and the last round started, since the workload began.
+    pub workload_seconds: f64,
+}
+
+/// Shared between the rounds' tasks and the watcher.
+#[derive(Default)]
+pub struct Shared {
+    pub outcome: Outcome,
+    pub round: u32,
+}
+
+pub type State = Arc<Mutex<Shared>>;
+
+pub fn lock(state: &State) -> MutexGuard<'_, Shared> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Plays the plan; returns when every round has run and the trainer has caught up (or the
+/// wait for it ran out).
+pub async fn drive(
+    plan: &Plan,
+    run: &RunDir,
+    backend: &mut Backend,
+    trainer: &mut Process,
+) -> Result<Outcome> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .context("building the HTTP client")?;
+    let state: State = Arc::default();
+    let started = Instant::now();
+    let watcher = watch::spawn(
+        client.clone(),
+        plan,
+        run.metrics(),
+        Arc::clone(&state),
+        started,
+    );
+    let result = rounds(plan, run, backend, trainer, &client, &state, started).await;
+    let caught_up = match &result {
+        Ok(()) => catch_up(plan, trainer, &state).await,
+        Err(_) => Ok(()),
+    };
+    watcher.finish(&client, plan, run, &state).await;
+    result?;
+    caught_up?;
+    let mut shared = lock(&state);
+    shared.outcome.backend_restarts = backend.restarts();
+    Ok(std::mem::take(&mut shared.outcome))
+}
+
+async fn rounds(
+    plan: &Plan,
+    run: &RunDir,
+    backend: &mut Backend,
+    trainer: &mut Process,
+    client: &reqwest::Client,
+    state: &State,
+    started: Instant,
+) -> Result<()> {
+    for round in 0..plan.rounds {
+        pace(plan, round, trainer, state).await?;
+        if plan.restart_backend_at == Some(round) {
+            super::say(&format!(
+                "round {round}: killing the backend and starting it again"
+            ));
+            tokio::task::block_in_place(|| backend.restart(run))?;
+            super::say(&format!("backend back on {}", backend.url()));
+        }
+        {
+            let mut shared = lock(state);
+            shared.round = round;
+            shared.outcome.workload_seconds = started.elapsed().as_secs_f64();
+        }
+        let mut groups = tokio::task::JoinSet::new();
+        for (index, tenant) in plan.tenants.iter().enumerate() {
+            let group = GroupCall {
+                client: client.clone(),
+                sidecars: plan.sidecars.clone(),
+                admin_token: plan.admin_token.clone(),
+                tenant: tenant.clone(),
+                tenant_index: index,
+                round,
+                size: plan.group_size,
+            };
+            let state = Arc::clone(state);
+            groups.spawn(async move { group.run(&state).await });
+        }
+        while let Some(joined) = groups.join_next().await {
+            joined.context("a rollout group panicked")?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the trainer is done with every tenant's groups up to `round - LAG`.
+async fn pace(plan: &Plan, round: u32, trainer: &mut Process, state: &State) -> Result<()> {
+    let wanted = u64::from(round.saturating_sub(LAG));
+    let since = Instant::now();
+    loop {
+        if !trainer.running() {
+            bail!("the trainer exited: {}", trainer.tail());
+        }
+        let behind = {
+            let shared = lock(state);
+            plan.tenants
+                .iter()
+                .any(|t| shared.outcome.observations.groups_done(&t.name) < wanted)
+        };
+        if !behind {
+            return Ok(());
+        }
+        if since.elapsed() > PACE_WAIT {
+            super::say(&format!(
+                "round {round}: the trainer is more than {LAG} rounds behind after {PACE_WAIT:?}; going on"
+            ));
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// After the last round: waits (bounded) until the trainer is done with (nearly) every group.
+async fn catch_up(plan: &Plan, trainer: &mut Process, state: &State) -> Result<()> {
+    let wanted = u64::from(plan.rounds.saturating_sub(1));
+    let since = Instant::now();
+    while since.elapsed() < PACE_WAIT {
+        if !trainer.running() {
+            bail!("the trainer exited: {}", trainer.tail());
+        }
+        let done = {
+            let shared = lock(state);
+            plan.tenants
+                .iter()
+                .all(|t| shared.outcome.observations.groups_done(&t.name) >= wanted)
+        };
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// One tenant's group of one round.
+struct GroupCall {
+    client: reqwest::Client,
+    sidecars: Vec<String>,
+    admin_token: String,
+    tenant: DemoTenant,
+    tenant_index: usize,
+    round: u32,
+    size: u32,
+}
+
+impl GroupCall {
+    async fn run(&self, state: &State) {
+        let prompt = self.tenant.prompts[self.round as usize % self.tenant.prompts.len()];
+        let group_id = format!("{}-round-{}", self.tenant.name, self.round);
+        let mut calls = tokio::task::JoinSet::new();
+        for i in 0..self.size {
+            let replica = (self.round as usize + i as usize) % self.sidecars.len();
+            let call = Call {
+                client: self.client.clone(),
+                sidecar: self.sidecars[replica].clone(),
+                admin_token: self.admin_token.clone(),
+                tenant: self.tenant.clone(),
+                group_id: group_id.clone(),
+                group_size: self.size,
+                round: self.round,
+                prompt,
+                stream: i % 2 == 1,
+            };
+            calls.spawn(async move { (replica, call.run().await) });
+        }
+        while let Some(joined) = calls.join_next().await {
+            let (replica, result) = match joined {
+                Ok(done) => done,
+                Err(e) => (0, Err(format!("the call's task failed: {e}"))),
+            };
+            let mut shared = lock(state);
+            let outcome = &mut shared.outcome;
+            match result {
+                Ok(trajectory) => {
+                    outcome.served += 1;
+                    outcome.rollouts.push(Rollout {
+                        tenant: self.tenant_index,
+                        round: self.round,
+                        replica,
+                        trajectory,
+                        served: true,
+                    });
+                }
+                Err(failure) => {
+                    outcome.failed += 1;
+                    if outcome.failures.len() < 5 {
+                        outcome
+                            .failures
+                            .push(format!("round {}: {failure}", self.round));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One rollout: opened by the orchestrator, answered through the agent's call.
+struct Call {
+    client: reqwest::Client,
+    sidecar: String,
+    admin_token: String,
+    tenant: DemoTenant,
+    group_id: String,
+    group_size: u32,
+    round: u32,
+    prompt: &'static str,
+    stream: bool,
+}
+
+impl Call {
+    /// The trajectory id, once the agent got a whole answer.
+    async fn run(self) -> Result<String, String> {
+        let opened: Value = self
+            .client
+            .post(format!("{}/trajectories", self.sidecar))
+            .bearer_auth(&self.admin_token)
+            .json(&json!({
+                "tenant": self.tenant.name,
+                "group_id": self.group_id,
+                "group_size": self.group_size,
+                "metadata": {"round": self.round, "prompt": self.prompt},
+            }))
+            .send()
+            .await
+            .map_err(|e| format!("handshake: {e}"))?
+            .error_for_status()
+            .map_err(|e| format!("handshake: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let (Some(trajectory), Some(base_url)) = (
+            opened["trajectory_id"].as_str(),
+            opened["base_url"].as_str(),
+        ) else {
+            return Err(format!("handshake answered {opened}"));
+        };
+        let response = self
+            .client
+            .post(format!("{base_url}/chat/completions"))
+            .bearer_auth(&self.tenant.key)
+            .header("x-clawback-done", "true")
+            .json(&json!({
+                "model": BASE_MODEL,
+                "messages": [
+                    {"role": "system", "content": super::teach::SYSTEM},
+                    {"role": "user", "content": self.prompt},
+                ],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 1.0,
+                "stream": self.stream,
+            }))
+            .send()
+            .await
+            .map_err(|e| format!("chat completion: {e}"))?;
+        let status = response.status();
+        let body = response
+            .text()
+            .await
+            .map_err(|e| format!("chat completion body: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("chat completion: HTTP {status}: {body}"));
+        }
+        if self.stream {
+            check_stream(&body)?;
+        } else {
+            let reply: Value =
+                serde_json::from_str(&body).map_err(|e| format!("chat completion: {e}"))?;
+            if reply["choices"][0]["message"]["content"].as_str().is_none() {
+                return Err(format!("chat completion without content: {body}"));
+            }
+        }
+        Ok(trajectory.to_owned())
+    }
+}
+
+/// A streamed answer is whole: chunks, no error event, `[DONE]` at the end.
+fn check_stream(body: &str) -> Result<(), String> {
+    let mut done = false;
+    for data in body.lines().filter_map(|l| l.strip_prefix("data:")) {
+        let data = data.trim();
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let event: Value =
+            serde_json::from_str(data).map_err(|e| format!("stream event {data:?}: {e}"))?;
+        if event.get("error").is_some() {
+            return Err(format!("stream error event: {data}"));
+        }
+    }
+    if done {
+        Ok(())
+    } else {
+        Err("the stream ended without [DONE]".to_owned())
+    }
+}
