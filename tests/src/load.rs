@@ -5,7 +5,13 @@
 //! stalled target shows up as latency instead of quietly lowering the rate (no coordinated
 //! omission). Closed-loop phases keep a fixed number of requests in flight to find the maximum
 //! throughput. Every phase is bounded in time and count.
+//!
+//! A unit of load is one call, or the turns of one conversation: each turn is sent once the
+//! previous one answered, all under a session id of their own, so that the sidecar records them
+//! as one trajectory and each turn gives the step before it its next state (what filter plugins
+//! evaluate).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,15 +36,47 @@ pub fn http_client() -> HttpClient {
         .build(connector)
 }
 
-/// What one request to measure looks like.
+/// What one unit of load looks like: the calls it makes, in order.
 #[derive(Clone)]
 pub struct Target {
     pub url: String,
-    pub body: Bytes,
-    /// Extra request headers (e.g. `x-clawback-done` so each call is a whole trajectory).
-    pub headers: Vec<(&'static str, &'static str)>,
+    /// One call, or the turns of a conversation.
+    pub turns: Vec<Turn>,
+    /// Send every turn of a unit with a fresh session id in this header (e.g.
+    /// `x-clawback-session`), so a conversation's turns form one trajectory.
+    pub session_header: Option<&'static str>,
     /// Measure to the first body chunk instead of the whole response.
     pub first_byte: bool,
+}
+
+/// One call of a unit.
+#[derive(Clone)]
+pub struct Turn {
+    pub body: Bytes,
+    /// Extra request headers (e.g. `x-clawback-done` on the call that ends a trajectory).
+    pub headers: Vec<(&'static str, &'static str)>,
+}
+
+impl Target {
+    /// A target whose unit is a single call.
+    pub fn call(url: String, body: Bytes, headers: Vec<(&'static str, &'static str)>) -> Self {
+        Self {
+            url,
+            turns: vec![Turn { body, headers }],
+            session_header: None,
+            first_byte: false,
+        }
+    }
+}
+
+/// Session ids unique across the phases of a run (and across runs, by the process id).
+fn next_session() -> String {
+    static SESSIONS: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "bench-{}-{}",
+        std::process::id(),
+        SESSIONS.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 #[derive(Debug)]
@@ -62,7 +100,7 @@ impl PhaseResult {
 
 struct Recorder {
     latency: Mutex<Histogram<u64>>,
-    errors: std::sync::atomic::AtomicU64,
+    errors: AtomicU64,
 }
 
 impl Recorder {
@@ -71,7 +109,7 @@ impl Recorder {
             latency: Mutex::new(
                 Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds"),
             ),
-            errors: std::sync::atomic::AtomicU64::new(0),
+            errors: AtomicU64::new(0),
         })
     }
 
@@ -83,8 +121,7 @@ impl Recorder {
                 let _ = histogram.record(micros.max(1));
             }
             Err(()) => {
-                self.errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -97,21 +134,28 @@ impl Recorder {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             sent,
-            errors: self.errors.load(std::sync::atomic::Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
             elapsed,
         }
     }
 }
 
 /// One request; the latency counts from `due`.
-async fn call(client: &HttpClient, target: &Target, due: Instant) -> Result<Duration, ()> {
+async fn call(
+    client: &HttpClient,
+    target: &Target,
+    turn: &Turn,
+    session: Option<&str>,
+    due: Instant,
+) -> Result<Duration, ()> {
     let mut request = Request::post(target.url.as_str()).header("content-type", "application/json");
-    for (name, value) in &target.headers {
+    for (name, value) in &turn.headers {
         request = request.header(*name, *value);
     }
-    let request = request
-        .body(Full::new(target.body.clone()))
-        .map_err(|_| ())?;
+    if let (Some(name), Some(session)) = (target.session_header, session) {
+        request = request.header(name, session);
+    }
+    let request = request.body(Full::new(turn.body.clone())).map_err(|_| ())?;
     let work = async {
         let response = client.request(request).await.map_err(|_| ())?;
         if response.status() != StatusCode::OK {
@@ -137,7 +181,26 @@ async fn call(client: &HttpClient, target: &Target, due: Instant) -> Result<Dura
         .map_err(|_| ())?
 }
 
-/// Sends `rate` requests per second for `duration`, each on its own task.
+/// One unit: its turns in order, the first measured from `due`, each later one from when it
+/// was sent. A failed turn ends the unit; the turns it did not send count as errors.
+async fn unit(client: &HttpClient, target: &Target, recorder: &Recorder, due: Instant) {
+    let session = target.session_header.map(|_| next_session());
+    let mut due = due;
+    for (i, turn) in target.turns.iter().enumerate() {
+        let outcome = call(client, target, turn, session.as_deref(), due).await;
+        let failed = outcome.is_err();
+        recorder.record(outcome);
+        if failed {
+            let unsent = (target.turns.len() - i - 1) as u64;
+            recorder.errors.fetch_add(unsent, Ordering::Relaxed);
+            return;
+        }
+        due = Instant::now();
+    }
+}
+
+/// Sends `rate` requests per second for `duration`, each unit on its own task (a unit of `n`
+/// turns starts every `n / rate` seconds).
 pub async fn open_loop(
     client: &HttpClient,
     target: &Target,
@@ -145,28 +208,29 @@ pub async fn open_loop(
     duration: Duration,
 ) -> PhaseResult {
     let recorder = Recorder::new();
-    let total = u64::from(rate) * duration.as_secs().max(1);
-    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let target = Arc::new(target.clone());
+    let turns = target.turns.len().max(1) as u64;
+    let units = (u64::from(rate) * duration.as_secs().max(1) / turns).max(1);
+    let period = Duration::from_secs_f64(turns as f64 / f64::from(rate.max(1)));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
+    for i in 0..units {
         let due = start + period.mul_f64(i as f64);
         let now = Instant::now();
         if due > now {
             tokio::time::sleep(due - now).await;
         }
-        let (client, target, recorder) = (client.clone(), target.clone(), Arc::clone(&recorder));
-        tasks.spawn(async move {
-            recorder.record(call(&client, &target, due).await);
-        });
+        let (client, target, recorder) =
+            (client.clone(), Arc::clone(&target), Arc::clone(&recorder));
+        tasks.spawn(async move { unit(&client, &target, &recorder, due).await });
         // Reap finished tasks as we go so the set stays small.
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
-    recorder.finish(total, start.elapsed())
+    recorder.finish(units * turns, start.elapsed())
 }
 
-/// Keeps `concurrency` requests in flight for `duration`.
+/// Keeps `concurrency` units in flight for `duration`.
 pub async fn closed_loop(
     client: &HttpClient,
     target: &Target,
@@ -174,26 +238,25 @@ pub async fn closed_loop(
     duration: Duration,
 ) -> PhaseResult {
     let recorder = Recorder::new();
+    let target = Arc::new(target.clone());
+    let turns = target.turns.len() as u64;
     let start = Instant::now();
-    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let (client, target, recorder, sent) = (
             client.clone(),
-            target.clone(),
+            Arc::clone(&target),
             Arc::clone(&recorder),
             Arc::clone(&sent),
         );
         workers.spawn(async move {
             while start.elapsed() < duration {
-                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                recorder.record(call(&client, &target, Instant::now()).await);
+                sent.fetch_add(turns, Ordering::Relaxed);
+                unit(&client, &target, &recorder, Instant::now()).await;
             }
         });
     }
     while workers.join_next().await.is_some() {}
-    recorder.finish(
-        sent.load(std::sync::atomic::Ordering::Relaxed),
-        start.elapsed(),
-    )
+    recorder.finish(sent.load(Ordering::Relaxed), start.elapsed())
 }
