@@ -68,10 +68,10 @@ fn two_tenants_learn_their_own_taste_through_swaps_replicas_and_a_backend_restar
     assert_eq!(summary["publish_failures"], 0, "{context}");
 
     for tenant in summary["tenants"].as_array().unwrap() {
-        // Rewards are in [-1, 1]; a random model scores about 0 for either taste. The margin is
-        // several times the noise of a mean over `window` rounds of 8 rollouts (see README).
+        // Rewards sit near ±0.9; a 6-round mean of a fixed policy varies by about ±0.12, so
+        // 0.3 is rarely reached by chance, and learning gives 0.6-1.1 (see the README).
         let gain = tenant["gain"].as_f64().expect("a gain");
-        assert!(gain >= 0.15, "{}: gain {gain}\n{context}", tenant["name"]);
+        assert!(gain >= 0.3, "{}: gain {gain}\n{context}", tenant["name"]);
         assert_eq!(tenant["unrewarded"], 0, "{context}");
         let live = tenant["live"].as_str().expect("a live adapter");
         // Both replicas have the same version live.
