@@ -646,3 +646,66 @@ async fn an_unknown_adapter_is_loaded_from_the_resolver_folder_as_vllm_does() {
     }
     assert_eq!(client.model_ids().await.len(), 2);
 }
+
+/// Tenant B's logprobs on fixed prompts (through its adapter, and through the base).
+async fn logprobs_of(client: &Client, model: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    for prompt in ["Name a city.", "Say goodnight."] {
+        let (status, body) = client
+            .post_json(
+                "/v1/chat/completions",
+                &json!({"model": model, "temperature": 0, "max_tokens": 8, "logprobs": true,
+                        "messages": [{"role": "user", "content": prompt}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        // As the JSON text: equal only if bit-identical.
+        all.push(body["choices"][0]["logprobs"]["content"].to_string());
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_new_versions_leave_another_tenants_logprobs_bit_identical() {
+    let dir = temp_dir("isolation");
+    write_model(&dir, 13, 2);
+    let server = start(&dir).await;
+    let client = Client::new(&server);
+    let load = |name: String, path: std::path::PathBuf| {
+        let client = &client;
+        async move {
+            let (status, text) = client
+                .post(
+                    "/v1/load_lora_adapter",
+                    &json!({"lora_name": name, "lora_path": path}),
+                )
+                .await;
+            assert_eq!(status, 200, "{text}");
+        }
+    };
+    write_adapter(&dir, &dir.join("b-v1"), 60, 4);
+    load("tenant-b@v1".into(), dir.join("b-v1")).await;
+    let b_before = logprobs_of(&client, "tenant-b@v1").await;
+    let base_before = logprobs_of(&client, BASE).await;
+
+    // Tenant A goes through five versions, each loaded, used and the previous one unloaded.
+    for version in 1..=5 {
+        let path = dir.join(format!("a-v{version}"));
+        write_adapter(&dir, &path, 70 + version, 4);
+        load(format!("tenant-a@v{version}"), path).await;
+        let a = logprobs_of(&client, &format!("tenant-a@v{version}")).await;
+        assert_ne!(a, b_before);
+        if version > 1 {
+            let (status, text) = client
+                .post(
+                    "/v1/unload_lora_adapter",
+                    &json!({"lora_name": format!("tenant-a@v{}", version - 1)}),
+                )
+                .await;
+            assert_eq!(status, 200, "{text}");
+        }
+    }
+
+    assert_eq!(logprobs_of(&client, "tenant-b@v1").await, b_before);
+    assert_eq!(logprobs_of(&client, BASE).await, base_before);
+}
