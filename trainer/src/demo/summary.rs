@@ -141,7 +141,7 @@ impl Summary {
                 let unrewarded = outcome
                     .rollouts
                     .iter()
-                    .filter(|r| r.tenant == index && r.served)
+                    .filter(|r| r.tenant == index)
                     .filter(|r| !obs.rewards.contains_key(&r.trajectory))
                     .count();
                 TenantSummary {

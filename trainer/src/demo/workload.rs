@@ -34,14 +34,13 @@ pub struct Plan {
     pub progress_every: Duration,
 }
 
-/// One rollout the agents ran.
+/// One rollout the agents ran and got a whole answer for.
 #[derive(Debug, Clone)]
 pub struct Rollout {
     pub tenant: usize,
     pub round: u32,
     pub replica: usize,
     pub trajectory: String,
-    pub served: bool,
 }
 
 /// What the workload and the watcher found.
@@ -244,7 +243,6 @@ impl GroupCall {
                         round: self.round,
                         replica,
                         trajectory,
-                        served: true,
                     });
                 }
                 Err(failure) => {
