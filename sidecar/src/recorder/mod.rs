@@ -139,7 +139,6 @@ struct Live {
 struct Sessions {
     live: HashMap<TrajectoryId, Live>,
     by_name: HashMap<(TenantId, String), TrajectoryId>,
-    groups: HashMap<(TenantId, String), GroupId>,
     /// Tenants with groups, whose group timeouts the sweeper checks.
     tenants_with_groups: HashSet<TenantId>,
 }
@@ -350,11 +349,7 @@ impl Recorder {
             merge_metadata(&mut trajectory.metadata, metadata);
         }
         if let Some((group, size)) = &hints.group {
-            let key = (tenant.clone(), group.clone());
-            let group_id = *sessions
-                .groups
-                .entry(key)
-                .or_insert_with(|| named_group(tenant, group));
+            let group_id = named_group(tenant, group);
             sessions.tenants_with_groups.insert(tenant.clone());
             trajectory.metadata.insert("group".to_owned(), json!(group));
             trajectory.group = Some(GroupMembership {
