@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use super::{DemoTenant, BASE_MODEL, PLUGIN};
 
@@ -15,12 +15,26 @@ pub struct RunDir {
     pub root: PathBuf,
 }
 
+/// Marks a folder as a demo run's, so that only such a folder is ever emptied.
+const MARKER: &str = ".clawback-demo";
+
 impl RunDir {
-    /// Empties `root` (only what an earlier demo run put there) and creates the layout.
+    /// Empties `root` (only what an earlier demo run put there) and creates the layout. A
+    /// folder that holds anything but is not an earlier run's is refused, never emptied.
     pub fn create(root: &Path) -> Result<Self> {
         let dir = Self {
             root: root.to_owned(),
         };
+        let occupied = std::fs::read_dir(root).is_ok_and(|mut entries| entries.next().is_some());
+        if occupied && !root.join(MARKER).is_file() {
+            bail!(
+                "{} is not empty and not a demo run folder: give --dir a new or empty folder",
+                root.display()
+            );
+        }
+        std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        std::fs::write(root.join(MARKER), "clawback-trainer demo run folder\n")
+            .with_context(|| format!("marking {}", root.display()))?;
         for sub in [
             "model",
             "plugins",
