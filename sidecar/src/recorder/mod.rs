@@ -225,10 +225,7 @@ impl Recorder {
     }
 
     fn dropped(&self, reason: &'static str) {
-        self.metrics
-            .records_dropped
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
+        count_drop(&self.metrics, reason);
     }
 
     /// Decides the call's trajectory and records the previous step's next state.
@@ -686,18 +683,12 @@ fn send(
     op: WriteOp,
 ) {
     let entries = writer::count(&op);
-    let dropped = |reason: &'static str| {
-        metrics
-            .records_dropped
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    };
     match queue.try_send(Message::Write(op)) {
         Ok(()) => {
             metrics.recorder_queue.inc_by(entries);
         }
         Err(mpsc::error::TrySendError::Full(_)) => {
-            dropped("queue_full");
+            count_drop(metrics, "queue_full");
             if let Some(count) = drop_log.event() {
                 tracing::error!(
                     dropped = count,
@@ -706,8 +697,15 @@ fn send(
                 );
             }
         }
-        Err(mpsc::error::TrySendError::Closed(_)) => dropped("shutting_down"),
+        Err(mpsc::error::TrySendError::Closed(_)) => count_drop(metrics, "shutting_down"),
     }
+}
+
+fn count_drop(metrics: &Metrics, reason: &'static str) {
+    metrics
+        .records_dropped
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
 }
 
 #[cfg(test)]

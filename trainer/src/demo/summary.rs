@@ -11,8 +11,8 @@ use serde::Serialize;
 use tch::Tensor;
 
 use super::files::RunDir;
-use super::watch::PublishSeen;
 use super::workload::{Outcome, Plan};
+use crate::train::metrics::PublishReport;
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
@@ -125,7 +125,7 @@ impl Summary {
     pub fn new(plan: &Plan, run: &RunDir, outcome: Outcome, elapsed: Duration) -> Result<Self> {
         let window = (plan.rounds / 5).max(2);
         let obs = &outcome.observations;
-        let live_publishes: Vec<&PublishSeen> =
+        let live_publishes: Vec<&PublishReport> =
             obs.publishes.iter().filter(|p| p.error.is_none()).collect();
         let tenants: Vec<TenantSummary> = plan
             .tenants
@@ -157,14 +157,14 @@ impl Summary {
                     equal_reward_groups: obs.no_signal.get(&tenant.name).copied().unwrap_or(0),
                     swaps: live_publishes
                         .iter()
-                        .filter(|p| p.tenant == tenant.name)
+                        .filter(|p| p.tenant.as_str() == tenant.name)
                         .count(),
                     live: obs.live.first().and_then(|l| l.get(&tenant.name)).cloned(),
                 }
             })
             .collect();
         let publish = (!live_publishes.is_empty()).then(|| {
-            let times = |f: fn(&PublishSeen) -> f64| {
+            let times = |f: fn(&PublishReport) -> f64| {
                 median_and_max(live_publishes.iter().map(|p| f(p)).collect())
             };
             PublishTimes {
@@ -195,7 +195,7 @@ impl Summary {
         let latest = |tenant: &str| {
             live_publishes
                 .iter()
-                .filter(|p| p.tenant == tenant)
+                .filter(|p| p.tenant.as_str() == tenant)
                 .max_by_key(|p| p.version)
                 .map(|p| p.adapter.clone())
         };

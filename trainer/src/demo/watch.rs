@@ -16,6 +16,7 @@ use super::files::RunDir;
 use super::summary::{mean, round_means};
 use super::workload::{lock, Plan, State};
 use super::PLUGIN;
+use crate::train::metrics::PublishReport;
 
 /// How often the sidecars and the metrics log are read.
 const POLL: Duration = Duration::from_millis(500);
@@ -28,28 +29,13 @@ pub struct StepSeen {
     pub reward_mean: Option<f64>,
 }
 
-/// One publish, from the trainer's log.
-#[derive(Debug, Clone)]
-pub struct PublishSeen {
-    pub tenant: String,
-    pub version: u64,
-    pub adapter: String,
-    pub error: Option<String>,
-    pub save_seconds: f64,
-    pub load_seconds: f64,
-    pub switch_seconds: f64,
-    pub drain_seconds: f64,
-    pub load_attempts: u64,
-    /// Seconds since the workload began when the demo saw it.
-    pub seen_at: f64,
-}
-
 #[derive(Debug, Default)]
 pub struct Observations {
     /// The plugin's reward per trajectory id.
     pub rewards: HashMap<String, f64>,
     pub steps: Vec<StepSeen>,
-    pub publishes: Vec<PublishSeen>,
+    /// Every publish, as the trainer logged it.
+    pub publishes: Vec<PublishReport>,
     /// Per replica: tenant → live adapter.
     pub live: Vec<HashMap<String, String>>,
     /// Per tenant, the trainer's latest totals of samples dropped as stale and groups
@@ -81,7 +67,6 @@ impl Observations {
 pub struct Watcher {
     task: tokio::task::JoinHandle<()>,
     stop: Arc<Notify>,
-    started: Instant,
 }
 
 pub fn spawn(
@@ -102,7 +87,7 @@ pub fn spawn(
     let task = tokio::spawn(async move {
         let mut last_line = Instant::now();
         loop {
-            poll(&client, &sidecars, &admin, &tenants, &log, &state, started).await;
+            poll(&client, &sidecars, &admin, &tenants, &log, &state).await;
             if last_line.elapsed() >= every {
                 last_line = Instant::now();
                 eprintln!("{}", progress(&state, &tenants, &prefs, rounds, started));
@@ -113,11 +98,7 @@ pub fn spawn(
             }
         }
     });
-    Watcher {
-        task,
-        stop,
-        started,
-    }
+    Watcher { task, stop }
 }
 
 impl Watcher {
@@ -134,7 +115,6 @@ impl Watcher {
             &tenants,
             &run.metrics(),
             state,
-            self.started,
         )
         .await;
     }
@@ -147,7 +127,6 @@ async fn poll(
     tenants: &[String],
     log: &PathBuf,
     state: &State,
-    started: Instant,
 ) {
     let mut rewards = Vec::new();
     if let Some(first) = sidecars.first() {
@@ -163,7 +142,6 @@ async fn poll(
         let body = get_json(client, &format!("{sidecar}/admin/policies"), admin).await;
         live.push(body.map(|b| live_adapters(&b)));
     }
-    let seen_at = started.elapsed().as_secs_f64();
     let mut shared = lock(state);
     let obs = &mut shared.outcome.observations;
     obs.rewards.extend(rewards);
@@ -173,7 +151,7 @@ async fn poll(
             *slot = found;
         }
     }
-    read_log(log, obs, seen_at);
+    read_log(log, obs);
 }
 
 async fn get_json(client: &reqwest::Client, url: &str, admin: &str) -> Option<Value> {
@@ -211,7 +189,7 @@ fn live_adapters(body: &Value) -> HashMap<String, String> {
 }
 
 /// Reads the complete lines the trainer appended since the last look.
-fn read_log(path: &PathBuf, obs: &mut Observations, seen_at: f64) {
+fn read_log(path: &PathBuf, obs: &mut Observations) {
     let Ok(mut file) = std::fs::File::open(path) else {
         return;
     };
@@ -227,30 +205,20 @@ fn read_log(path: &PathBuf, obs: &mut Observations, seen_at: f64) {
         }
         obs.log_offset += line.len() as u64;
         if let Ok(value) = serde_json::from_str::<Value>(&line) {
-            record_line(&value, obs, seen_at);
+            record_line(value, obs);
         }
         line.clear();
     }
 }
 
-fn record_line(value: &Value, obs: &mut Observations, seen_at: f64) {
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    let number = |v: &Value| v.as_f64().unwrap_or(0.0);
+fn record_line(value: Value, obs: &mut Observations) {
     if let Some(publish) = value.get("publish") {
-        obs.publishes.push(PublishSeen {
-            tenant: text(&publish["tenant"]),
-            version: publish["version"].as_u64().unwrap_or(0),
-            adapter: text(&publish["adapter"]),
-            error: publish["error"].as_str().map(str::to_owned),
-            save_seconds: number(&publish["save_seconds"]),
-            load_seconds: number(&publish["load_seconds"]),
-            switch_seconds: number(&publish["switch_seconds"]),
-            drain_seconds: number(&publish["drain_seconds"]),
-            load_attempts: publish["load_attempts"].as_u64().unwrap_or(0),
-            seen_at,
-        });
+        if let Ok(report) = serde_json::from_value::<PublishReport>(publish.clone()) {
+            obs.publishes.push(report);
+        }
         return;
     }
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     let tenant = text(&value["tenant"]);
     let Some(step) = value["step"].as_u64() else {
         return;

@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::samples::SampleStats;
 use crate::train::advantages::Dropped;
@@ -83,7 +83,7 @@ impl StepReport {
 }
 
 /// What publishing one version did: the timings when it went live, the error when it did not.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PublishReport {
     pub tenant: TenantId,
     pub version: u64,
