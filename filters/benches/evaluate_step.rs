@@ -26,6 +26,10 @@ fn evaluate_step(c: &mut Criterion) {
         "{} is missing: build the plugins first",
         plugin.display()
     );
+    eprintln!(
+        "written pages kept between calls (PAGEMAP_SCAN): {}",
+        clawback_filters::sandbox::keeps_written_pages()
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -35,9 +35,10 @@ pub struct Standalone {
 }
 
 impl Standalone {
-    /// Loads `path` with the limits and judge of `config`.
+    /// Loads `path` with the limits and judge of `config`; up to `max_concurrency` calls may run
+    /// at once.
     pub async fn load(path: &Path, config: FiltersConfig) -> Result<Self, StandaloneError> {
-        let sandbox = Sandbox::new(1, config.memory_limit, config.deadline)?;
+        let sandbox = Sandbox::new(config.max_concurrency, config.memory_limit, config.deadline)?;
         let linker = plugin::linker(&sandbox)?;
         let plugin = Plugin::load(&sandbox, &linker, path).await?;
         let judge = config

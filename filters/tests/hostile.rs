@@ -132,3 +132,56 @@ async fn a_plugin_built_against_another_world_is_refused_with_a_clear_message() 
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_a_call_leaves_behind_reaches_the_next_one() {
+    // The pool recycles memory slots and keeps written pages mapped between calls; every call,
+    // also four at once, must still start from the plugin's initial state.
+    let plugin = std::sync::Arc::new(
+        Standalone::load(&plugin_file("remember"), FiltersConfig::default())
+            .await
+            .expect("the remember plugin loads"),
+    );
+    let (_, steps) = fixture();
+    for round in 0..20 {
+        let calls: Vec<_> = (0..4)
+            .map(|i| {
+                let (plugin, step) = (std::sync::Arc::clone(&plugin), steps[0].clone());
+                let metadata = serde_json::Map::from_iter([(
+                    "secret".to_owned(),
+                    serde_json::Value::String(format!("tenant-{round}-{i}")),
+                )]);
+                tokio::spawn(async move {
+                    plugin
+                        .run_step("acme", &step, &next_of(&step), &metadata)
+                        .await
+                })
+            })
+            .collect();
+        for call in calls {
+            let evaluation = call
+                .await
+                .expect("the call's task")
+                .expect("the remember plugin answers");
+            let label = |key: &str| {
+                evaluation
+                    .labels
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_else(|| panic!("label {key}: {:?}", evaluation.labels))
+            };
+            assert_eq!(label("calls"), "1", "round {round}");
+            assert_eq!(
+                label("earlier"),
+                "",
+                "round {round}: an earlier secret leaked"
+            );
+            assert_eq!(
+                label("dirty_bytes"),
+                "0",
+                "round {round}: a dirty heap leaked"
+            );
+        }
+    }
+}
