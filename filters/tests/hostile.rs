@@ -1,7 +1,8 @@
 //! Hostile plugins, each next to a well-behaved one: whatever a plugin does — loop forever,
 //! allocate without bound, trap, answer 8 MiB, call the judge 10,000 times — it is stopped,
 //! its evaluation says why, and the other plugin's score still arrives. A plugin that keeps
-//! failing is switched off. A plugin built against another world is refused at load.
+//! failing is switched off. A plugin built against another world is refused at load. A plugin
+//! that tries to keep data from one call for the next finds nothing.
 
 mod support;
 
