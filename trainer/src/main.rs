@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use clawback_trainer::bench::{self, BenchSpec, Preset};
 use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
 use clawback_trainer::demo::{self, DemoOptions};
@@ -43,42 +43,7 @@ enum PresetArg {
 enum Command {
     /// Deploy = training on this machine: the reference backend on a tiny model, the sidecar,
     /// the trainer and two simulated tenants with opposite tastes; ends with a reward curve.
-    Demo {
-        /// The run folder (emptied of an earlier run's files first).
-        #[arg(long, default_value = "clawback-demo")]
-        dir: PathBuf,
-        /// The sidecar binary (default: `clawback-sidecar` beside this one).
-        #[arg(long)]
-        sidecar: Option<PathBuf>,
-        /// The letter-case plugin.
-        #[arg(
-            long,
-            default_value = "wasm-plugins/target/wasm32-wasip2/release/letter_case.wasm"
-        )]
-        plugin: PathBuf,
-        /// Record into Redis (and train from it) instead of the embedded store.
-        #[arg(long)]
-        redis: Option<String>,
-        #[arg(long, default_value_t = 40)]
-        rounds: u32,
-        /// Rollouts per group: each tenant runs one group per round.
-        #[arg(long, default_value_t = 8)]
-        group_size: u32,
-        /// Sidecar replicas the agents' calls are spread over.
-        #[arg(long, default_value_t = 1)]
-        replicas: u32,
-        /// Kill the backend before this round and start it again.
-        #[arg(long)]
-        restart_backend_at: Option<u32>,
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-        /// The trainer's learning rate.
-        #[arg(long, default_value_t = 1e-2)]
-        lr: f64,
-        /// Seconds between progress lines.
-        #[arg(long, default_value_t = 2.0)]
-        progress_every: f64,
-    },
+    Demo(DemoArgs),
     /// Trains each tenant's LoRA adapter from the datapool's ready queue (see trainer.example.toml).
     Train {
         #[arg(long)]
@@ -177,41 +142,73 @@ fn parse_adapter(arg: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+/// `clawback-trainer demo`'s flags; see [`DemoOptions`].
+#[derive(Args)]
+struct DemoArgs {
+    /// The run folder (emptied of an earlier run's files first).
+    #[arg(long, default_value = "clawback-demo")]
+    dir: PathBuf,
+    /// The sidecar binary (default: `clawback-sidecar` beside this one).
+    #[arg(long)]
+    sidecar: Option<PathBuf>,
+    /// The letter-case plugin.
+    #[arg(
+        long,
+        default_value = "wasm-plugins/target/wasm32-wasip2/release/letter_case.wasm"
+    )]
+    plugin: PathBuf,
+    /// Record into Redis (and train from it) instead of the embedded store.
+    #[arg(long)]
+    redis: Option<String>,
+    #[arg(long, default_value_t = 40)]
+    rounds: u32,
+    /// Rollouts per group: each tenant runs one group per round.
+    #[arg(long, default_value_t = 8)]
+    group_size: u32,
+    /// Sidecar replicas the agents' calls are spread over.
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// Kill the backend before this round and start it again.
+    #[arg(long)]
+    restart_backend_at: Option<u32>,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// The trainer's learning rate.
+    #[arg(long, default_value_t = 1e-2)]
+    lr: f64,
+    /// Seconds between progress lines.
+    #[arg(long, default_value_t = 2.0)]
+    progress_every: f64,
+}
+
+impl DemoArgs {
+    fn options(self) -> Result<DemoOptions> {
+        let sidecar = match self.sidecar {
+            Some(path) => path,
+            None => std::env::current_exe()
+                .context("finding this executable")?
+                .with_file_name("clawback-sidecar"),
+        };
+        Ok(DemoOptions {
+            dir: self.dir,
+            sidecar,
+            plugin: self.plugin,
+            redis: self.redis,
+            rounds: self.rounds,
+            group_size: self.group_size,
+            replicas: self.replicas,
+            restart_backend_at: self.restart_backend_at,
+            seed: self.seed,
+            lr: self.lr,
+            progress_every: Duration::from_secs_f64(self.progress_every.max(0.1)),
+        })
+    }
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Demo {
-            dir,
-            sidecar,
-            plugin,
-            redis,
-            rounds,
-            group_size,
-            replicas,
-            restart_backend_at,
-            seed,
-            lr,
-            progress_every,
-        } => {
-            let sidecar = match sidecar {
-                Some(path) => path,
-                None => std::env::current_exe()
-                    .context("finding this executable")?
-                    .with_file_name("clawback-sidecar"),
-            };
-            let options = DemoOptions {
-                dir,
-                sidecar,
-                plugin,
-                redis,
-                rounds,
-                group_size,
-                replicas,
-                restart_backend_at,
-                seed,
-                lr,
-                progress_every: Duration::from_secs_f64(progress_every.max(0.1)),
-            };
-            demo::run(&options)?;
+        Command::Demo(args) => {
+            demo::run(&args.options()?)?;
         }
         Command::Train {
             config,

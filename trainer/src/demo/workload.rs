@@ -151,35 +151,31 @@ async fn rounds(
 /// Waits until the trainer is done with every tenant's groups up to `round - LAG`.
 async fn pace(plan: &Plan, round: u32, trainer: &mut Process, state: &State) -> Result<()> {
     let wanted = u64::from(round.saturating_sub(LAG));
-    let since = Instant::now();
-    loop {
-        if !trainer.running() {
-            bail!("the trainer exited: {}", trainer.tail());
-        }
-        let behind = {
-            let shared = lock(state);
-            plan.tenants
-                .iter()
-                .any(|t| shared.outcome.observations.groups_done(&t.name) < wanted)
-        };
-        if !behind {
-            return Ok(());
-        }
-        if since.elapsed() > PACE_WAIT {
-            super::say(&format!(
-                "round {round}: the trainer is more than {LAG} rounds behind after {PACE_WAIT:?}; going on"
-            ));
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if !trainer_done_with(plan, wanted, trainer, state).await? {
+        super::say(&format!(
+            "round {round}: the trainer is more than {LAG} rounds behind after {PACE_WAIT:?}; going on"
+        ));
     }
+    Ok(())
 }
 
 /// After the last round: waits (bounded) until the trainer is done with (nearly) every group.
 async fn catch_up(plan: &Plan, trainer: &mut Process, state: &State) -> Result<()> {
     let wanted = u64::from(plan.rounds.saturating_sub(1));
+    trainer_done_with(plan, wanted, trainer, state).await?;
+    Ok(())
+}
+
+/// Waits up to [`PACE_WAIT`] until the trainer is done with `wanted` groups of every tenant;
+/// whether it got there. An error if the trainer exits.
+async fn trainer_done_with(
+    plan: &Plan,
+    wanted: u64,
+    trainer: &mut Process,
+    state: &State,
+) -> Result<bool> {
     let since = Instant::now();
-    while since.elapsed() < PACE_WAIT {
+    loop {
         if !trainer.running() {
             bail!("the trainer exited: {}", trainer.tail());
         }
@@ -190,11 +186,13 @@ async fn catch_up(plan: &Plan, trainer: &mut Process, state: &State) -> Result<(
                 .all(|t| shared.outcome.observations.groups_done(&t.name) >= wanted)
         };
         if done {
-            break;
+            return Ok(true);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if since.elapsed() > PACE_WAIT {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(())
 }
 
 /// One tenant's group of one round.
