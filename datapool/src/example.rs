@@ -157,6 +157,7 @@ pub fn tool_use_trajectory(tenant: TenantId) -> TrajectoryRecord {
             observed_at: UnixMs(t0 + 1_204),
         }),
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        truncated: false,
     };
 
     let answer = "It's 11.5 °C in Paris right now, with light rain.";
@@ -233,6 +234,7 @@ pub fn tool_use_trajectory(tenant: TenantId) -> TrajectoryRecord {
             observed_at: UnixMs(t0 + 9_840),
         }),
         traceparent: None,
+        truncated: false,
     };
 
     let plugin = EvaluationSource::Plugin {

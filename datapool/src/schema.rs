@@ -44,7 +44,9 @@ pub struct Trajectory {
     /// Set when the trajectory is one rollout of a group; fixed at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupMembership>,
-    /// Free-form metadata from the client (handshake body, `metadata` field of the request).
+    /// Free-form metadata. Top-level keys come from trusted sides only (the handshake API, the
+    /// sidecar itself); what an agent's request body says is kept apart under
+    /// [`AGENT_METADATA_KEY`], which reward plugins never see.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
     pub status: TrajectoryStatus,
@@ -54,6 +56,11 @@ pub struct Trajectory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion: Option<CompletionReason>,
 }
+
+/// The metadata key under which the `metadata` of an agent's request is kept. The agent is the
+/// policy being trained: whatever it says about itself (a ground-truth `answer`, a reward) must
+/// not decide its reward, so plugins are shown the trajectory's metadata without this key.
+pub const AGENT_METADATA_KEY: &str = "agent";
 
 impl Trajectory {
     /// A new, open trajectory created now.
@@ -165,6 +172,11 @@ pub struct Step {
     /// W3C `traceparent` of the agent's request, when it sent one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The answer was larger than the recorder's step cap (`recording.max_step_bytes`): the
+    /// agent got it whole, the step holds only its beginning (no engine tokens) and is not
+    /// trainable.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 fn yes() -> bool {

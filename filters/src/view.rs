@@ -1,7 +1,9 @@
 //! What a plugin sees: typed views of recorded steps, built from the datapool schema and cut to
 //! the size caps documented in the WIT. Raw request bodies never reach a plugin.
 
-use clawback_datapool::{AssistantOutput, NextState as RecordedNext, Step as RecordedStep};
+use clawback_datapool::{
+    AssistantOutput, NextState as RecordedNext, Step as RecordedStep, AGENT_METADATA_KEY,
+};
 use serde_json::{Map, Value};
 
 use crate::bindings::{Message, MetadataEntry, NextState, Step, ToolCall, ToolResult};
@@ -45,8 +47,11 @@ fn truncate(text: &str, cap: usize) -> &str {
 }
 
 /// The trajectory metadata as plugin entries: JSON strings without quotes, other values as JSON.
+/// What the agent's own request body said ([`AGENT_METADATA_KEY`]) is left out for every plugin:
+/// the policy being scored must not set its own ground truth.
 pub fn metadata(map: &Map<String, Value>) -> Vec<MetadataEntry> {
     map.iter()
+        .filter(|(key, _)| key.as_str() != AGENT_METADATA_KEY)
         .take(METADATA_CAP)
         .map(|(key, value)| {
             let value = match value {

@@ -7,7 +7,9 @@
 //!    and records metrics when the response body is done;
 //! 3. **load shed** ([`crate::layers::load_shed`]) — API calls beyond `max_concurrent_requests` get 503
 //!    with `Retry-After` at once;
-//! 4. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
+//! 4. **agent API** ([`crate::layers::agent_api`]) — only the routes of `agent_api.allow` are
+//!    forwarded; engine control routes (adapter load/unload, weight updates, pause, ...) never;
+//! 5. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
 //!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here; an API call
 //!    has its body read within the size and time limits; a model call is routed to its tenant's
 //!    live adapter ([`crate::policy`]) and, with recording on, joins its trajectory; then it is
@@ -30,12 +32,14 @@ use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::forward::Forwarder;
+use crate::layers::agent_api::{AgentApi, AgentApiLayer, AllowList};
 use crate::layers::load_shed::{LoadShed, LoadShedLayer};
 use crate::layers::observe::{Observe, ObserveLayer};
 use crate::layers::request_id::{RequestIdLayer, RequestIdService};
 use crate::layers::ResponseFuture;
 use crate::metrics::{Metrics, UpstreamLabels};
-use crate::policy::{Lease, Routed, Router};
+use crate::policy::models::{own_adapter, requested_model};
+use crate::policy::{Routed, Router};
 use crate::recorder::{request, Pending, Recorder};
 use crate::route::Route;
 use crate::route::{Endpoint, SessionId};
@@ -53,6 +57,8 @@ pub struct App {
     pub forwarder: Arc<Forwarder>,
     pub metrics: Arc<Metrics>,
     pub tenants: TenantResolver,
+    /// The routes the agent port forwards.
+    pub agent_api: AllowList,
     /// `None` when `recording.enabled` is off.
     pub recorder: Option<Arc<Recorder>>,
     /// `None` when routing is off (`routing.base_model` unset).
@@ -77,6 +83,8 @@ pub enum AppError {
     Store(#[from] crate::store::OpenError),
     #[error("`recording.redact`: {0}")]
     Redact(#[from] regex::Error),
+    #[error(transparent)]
+    AgentApi(#[from] crate::layers::agent_api::AgentApiError),
     #[error("filters: {0}")]
     Filters(#[from] clawback_filters::FiltersError),
 }
@@ -96,10 +104,12 @@ impl App {
             config.upstream_api_key.as_deref(),
             config.upstream_kind,
             config.timeouts.clone(),
+            config.limits.max_orphaned_calls,
             Arc::clone(&metrics),
             tasks.clone(),
         )?);
         let tenants = TenantResolver::new(&config.tenants)?;
+        let agent_api = AllowList::new(&config.agent_api)?;
         let background = CancellationToken::new();
         let store = if config.recording.enabled || config.routing.enabled() {
             Some(crate::store::open(&config).await?)
@@ -135,6 +145,7 @@ impl App {
             forwarder,
             metrics,
             tenants,
+            agent_api,
             recorder,
             router,
             filters,
@@ -164,14 +175,15 @@ impl App {
     }
 }
 
-pub type Stack = RequestIdService<Observe<LoadShed<Handler>>>;
+pub type Stack = RequestIdService<Observe<LoadShed<AgentApi<Handler>>>>;
 
 /// The whole stack over one [`App`], in the order the module doc gives.
 pub fn build(app: Arc<App>) -> Stack {
     let limits = &app.config.limits;
     let load_shed = LoadShedLayer::new(limits.max_concurrent_requests, limits.retry_after_secs);
     let observe = ObserveLayer::new(Arc::clone(&app.metrics));
-    RequestIdLayer.layer(observe.layer(load_shed.layer(Handler { app })))
+    let agent_api = AgentApiLayer::new(app.agent_api.clone());
+    RequestIdLayer.layer(observe.layer(load_shed.layer(agent_api.layer(Handler { app }))))
 }
 
 /// The innermost service: answers local endpoints, forwards API calls.
@@ -259,11 +271,51 @@ where
         })?;
     let (parts, body) = request.into_parts();
     let body = read_body(&app.config, &parts.headers, body).await?;
+    if endpoint == Endpoint::Models {
+        let response = app
+            .forwarder
+            .call(parts, body, upstream_path, None, None)
+            .await?;
+        return Ok(models_for(&app, &tenant, response).await);
+    }
     let (body, recording, routed) =
         prepare_model_call(&app, &parts, endpoint, session.as_ref(), tenant, body)?;
     app.forwarder
         .call(parts, body, upstream_path, recording, routed.lease)
         .await
+}
+
+/// Largest `/v1/models` answer the sidecar filters; a larger one is refused, not passed on
+/// unfiltered.
+const MODEL_LIST_LIMIT: usize = 4 << 20;
+
+/// The engine's model list as `tenant` may see it ([`crate::policy::models`]).
+async fn models_for(
+    app: &App,
+    tenant: &TenantId,
+    response: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    if !response.status().is_success() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let collected = match Limited::new(body, MODEL_LIST_LIMIT).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            return ProxyError::Internal(format!("the engine's model list could not be read: {e}"))
+                .into_response()
+        }
+    };
+    let visible = |id: &str| match &app.router {
+        Some(router) => router.visible(tenant, id),
+        None => own_adapter(tenant, id).is_ok(),
+    };
+    let body = match crate::policy::models::filter_list(&collected, visible) {
+        Some(filtered) => Bytes::from(filtered),
+        None => collected,
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, ProxyBody::full(body))
 }
 
 /// For a model call: routes it to the tenant's live adapter and, with recording on, decides its
@@ -281,7 +333,14 @@ fn prepare_model_call(
     let Some(step_endpoint) = request::endpoint(endpoint) else {
         return Ok((body, None, Routed::default()));
     };
-    if parts.method != http::Method::POST || (app.recorder.is_none() && app.router.is_none()) {
+    if parts.method != http::Method::POST {
+        return Ok((body, None, Routed::default()));
+    }
+    if app.recorder.is_none() && app.router.is_none() {
+        // Nothing to route or record; another tenant's adapter is still not served.
+        if let Some(model) = requested_model(&body) {
+            own_adapter(&tenant, &model)?;
+        }
         return Ok((body, None, Routed::default()));
     }
     let Ok(mut json) = serde_json::from_slice::<Value>(&body) else {
@@ -291,8 +350,14 @@ fn prepare_model_call(
         return Ok((body, None, Routed::default()));
     }
     let routed = match &app.router {
-        Some(router) => router.route(&tenant, &mut json),
-        None => Routed::default(),
+        Some(router) => router.route(&tenant, &mut json)?,
+        None => Routed {
+            policy: match json["model"].as_str() {
+                Some(model) => own_adapter(&tenant, model)?,
+                None => None,
+            },
+            ..Routed::default()
+        },
     };
     let Some(recorder) = &app.recorder else {
         return Ok((reencode_if(routed.rewritten, &json, body), None, routed));
@@ -304,7 +369,7 @@ fn prepare_model_call(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
-    call.policy = routed.lease.as_ref().map(Lease::policy_ref);
+    call.policy = routed.policy.clone();
     let model = json["model"].as_str().unwrap_or_default().to_owned();
     let capture = Capture::for_request(app.config.upstream_kind, step_endpoint, &mut json);
     let body = reencode_if(
@@ -363,13 +428,13 @@ where
 fn readiness(app: &App) -> Response<ProxyBody> {
     let healthy = app.pool.healthy_count();
     let total = app.pool.all().len();
-    let status = if healthy > 0 {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+    let (status, state) = match (healthy, app.pool.can_serve()) {
+        (0, true) => (StatusCode::OK, "panic_mode"),
+        (0, false) => (StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"),
+        _ => (StatusCode::OK, "ready"),
     };
     let body = serde_json::json!({
-        "status": if healthy > 0 { "ready" } else { "no_healthy_upstream" },
+        "status": state,
         "healthy_upstreams": healthy,
         "upstreams": total,
     });

@@ -77,6 +77,8 @@ pub struct Config {
     pub tenants: Tenants,
     pub recording: Recording,
     pub admin: Admin,
+    /// Which API calls the agent port forwards ([`crate::layers::agent_api`]).
+    pub agent_api: crate::layers::agent_api::AgentApiConfig,
     /// Per-tenant adapter routing ([`crate::policy`]).
     pub routing: crate::policy::Routing,
     pub log: Log,
@@ -89,13 +91,44 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tenants {
-    /// Tenant of calls whose API key is not in `keys`. Unset: such calls get 401.
+    /// Tenant of calls whose API key is not in `keys`; `false`: such calls get 401. (TOML has
+    /// no null, and a key removed from the file would fall back to the built-in default.)
+    #[serde(with = "default_tenant")]
     pub default: Option<String>,
     /// Take the tenant from `X-Clawback-Tenant` — only when a trusted gateway in front of the
     /// sidecar sets (and strips from clients) that header.
     pub trusted_header: bool,
     /// `"sha256:<hex of the API key>" = "tenant"`: keys are stored hashed, never in clear.
     pub keys: BTreeMap<String, String>,
+}
+
+/// `tenants.default`: a tenant name, or `false` for none.
+mod default_tenant {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Off(bool),
+        Tenant(String),
+    }
+
+    pub fn serialize<S: Serializer>(value: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(tenant) => s.serialize_str(tenant),
+            None => s.serialize_bool(false),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Off(false) => Ok(None),
+            Raw::Tenant(tenant) if !tenant.is_empty() => Ok(Some(tenant)),
+            Raw::Off(true) | Raw::Tenant(_) => Err(serde::de::Error::custom(
+                "`tenants.default` is a tenant name, or false to answer unknown keys with 401",
+            )),
+        }
+    }
 }
 
 /// How calls are recorded as trajectory steps.
@@ -115,6 +148,9 @@ pub struct Recording {
     pub batch_max: usize,
     /// Live trajectories remembered for stitching calls that carry no session id.
     pub stitch_max_entries: usize,
+    /// Largest answer kept as a step, in body bytes; a larger one reaches the agent whole and
+    /// is stored truncated (its beginning, no engine tokens, `truncated: true`, not trainable).
+    pub max_step_bytes: usize,
     /// Applied, in order, to every text of a step before it is stored.
     pub redact: Vec<Redaction>,
 }
@@ -153,6 +189,9 @@ pub struct Timeouts {
     /// Longest gap between two body chunks of an upstream response.
     #[serde(with = "humantime_serde")]
     pub upstream_idle: Duration,
+    /// A client connection with no request in flight is closed after this long.
+    #[serde(with = "humantime_serde")]
+    pub idle_connection: Duration,
     /// How long an upstream response is still read after its client went away.
     #[serde(with = "humantime_serde")]
     pub orphan_drain: Duration,
@@ -166,8 +205,14 @@ pub struct Timeouts {
 pub struct Limits {
     /// Largest accepted request body; larger ones get 413.
     pub max_body_bytes: usize,
-    /// Requests served at once; the next one gets 503 with `Retry-After`.
+    /// Requests served at once — orphans (calls whose client left while their upstream answer
+    /// is still read, so it is recorded) included; the next one gets 503 with `Retry-After`.
     pub max_concurrent_requests: usize,
+    /// Client connections open at once (lowered to fit the descriptor limit, `ulimit -n`).
+    pub max_connections: usize,
+    /// Orphans at once; a call whose client leaves beyond this has its upstream call cut off
+    /// (and is not recorded).
+    pub max_orphaned_calls: usize,
     /// Seconds sent in `Retry-After` when shedding load.
     pub retry_after_secs: u32,
 }
@@ -207,12 +252,15 @@ impl Default for Config {
                 upstream_connect: Duration::from_secs(2),
                 upstream_first_byte: Duration::from_secs(600),
                 upstream_idle: Duration::from_secs(120),
+                idle_connection: Duration::from_secs(60),
                 orphan_drain: Duration::from_secs(600),
                 shutdown_grace: Duration::from_secs(30),
             },
             limits: Limits {
                 max_body_bytes: 16 * 1024 * 1024,
                 max_concurrent_requests: 4096,
+                max_orphaned_calls: 256,
+                max_connections: 16_384,
                 retry_after_secs: 1,
             },
             health: Health {
@@ -231,9 +279,11 @@ impl Default for Config {
                 queue_capacity: 8192,
                 batch_max: 256,
                 stitch_max_entries: 100_000,
+                max_step_bytes: 8 << 20,
                 redact: Vec::new(),
             },
             admin: Admin { token: None },
+            agent_api: crate::layers::agent_api::AgentApiConfig::default(),
             routing: crate::policy::Routing::default(),
             log: Log {
                 format: LogFormat::Text,
@@ -282,9 +332,11 @@ pub enum ConfigError {
 }
 
 /// Top-level keys that `CLAWBACK_<KEY>` (and `CLAWBACK_<SECTION>__<KEY>`) may set. Other
-/// `CLAWBACK_*` variables belong to other clawback processes and are left alone.
+/// `CLAWBACK_*` variables belong to other clawback processes and are left alone. A unit test
+/// checks that every field of [`Config`] is here.
 const ENV_KEYS: &[&str] = &[
     "listen",
+    "upstreams",
     "upstream_kind",
     "upstream_api_key",
     "balancer",
@@ -297,10 +349,19 @@ const ENV_KEYS: &[&str] = &[
     "tenants",
     "recording",
     "admin",
+    "agent_api",
     "routing",
     "log",
     "filters",
 ];
+
+/// Whether the environment key (prefix stripped, `__` already turned into `.`) is one of ours.
+/// Environment keys keep the case they were written in (`LIMITS.MAX_BODY_BYTES`): the match is
+/// on the lower-cased first part, as figment lower-cases the key itself.
+fn is_env_key(key: &str) -> bool {
+    let top = key.split('.').next().unwrap_or_default();
+    ENV_KEYS.iter().any(|k| k.eq_ignore_ascii_case(top))
+}
 
 impl Config {
     /// Defaults, then the file (if any), then the environment, then the overrides.
@@ -309,10 +370,11 @@ impl Config {
         if let Some(file) = file {
             figment = figment.merge(Toml::file_exact(file));
         }
-        figment = figment.merge(Env::prefixed("CLAWBACK_").split("__").filter(|key| {
-            let top = key.as_str().split('.').next().unwrap_or_default();
-            ENV_KEYS.contains(&top)
-        }));
+        figment = figment.merge(
+            Env::prefixed("CLAWBACK_")
+                .split("__")
+                .filter(|key| is_env_key(key.as_str())),
+        );
         figment = figment.merge(Serialized::defaults(overrides));
         for pair in &overrides.set {
             figment = figment.merge(Toml::string(&set_to_toml(pair)?));
@@ -340,11 +402,20 @@ impl Config {
             })?;
         }
         self.routing.check().map_err(ConfigError::Semantic)?;
+        crate::layers::agent_api::AllowList::new(&self.agent_api)
+            .map_err(|e| ConfigError::Semantic(e.to_string()))?;
         if self.filters.dir.is_some() && !self.recording.enabled {
             return Err(ConfigError::Semantic(
                 "`filters.dir` is set but `recording.enabled` is off: filters score recorded steps"
                     .to_owned(),
             ));
+        }
+        if let Some(token) = &self.admin.token {
+            if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(ConfigError::Semantic(
+                    "`admin.token` is empty or holds white space: set a long random token, or leave it unset to keep the API off".to_owned(),
+                ));
+            }
         }
         if self.limits.max_concurrent_requests == 0 {
             return Err(ConfigError::Semantic(
@@ -412,7 +483,229 @@ mod tests {
             set: vec!["limits.max_body_byte=10".to_owned()],
             ..Overrides::default()
         };
-        let err = Config::load(None, &overrides).unwrap_err().to_string();
-        assert!(err.contains("max_body_byte"), "{err}");
+        jailed(|_| {
+            let err = Config::load(None, &overrides).unwrap_err().to_string();
+            assert!(err.contains("max_body_byte"), "{err}");
+        });
+    }
+
+    /// Runs `f` with the process environment to itself: tests that set `CLAWBACK_*` variables
+    /// and tests that load a config must not see each other's.
+    // figment's own signature: its error is large.
+    #[allow(clippy::result_large_err)]
+    fn jailed(f: impl FnOnce(&mut figment::Jail)) {
+        figment::Jail::expect_with(|jail| {
+            f(jail);
+            Ok(())
+        });
+    }
+
+    fn example_path() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/clawback.example.toml")
+    }
+
+    /// Every leaf of the example config, `section.key` → value, plus the keys the example only
+    /// shows in comments (they have no default).
+    fn documented_settings() -> Vec<(String, figment::value::Value)> {
+        use figment::value::Value;
+        fn walk(prefix: &str, dict: &figment::value::Dict, out: &mut Vec<(String, Value)>) {
+            for (key, value) in dict {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                match value {
+                    Value::Dict(_, inner) if !inner.is_empty() => walk(&path, inner, out),
+                    Value::Dict(..) => {}
+                    _ => out.push((path, value.clone())),
+                }
+            }
+        }
+        let example: figment::value::Dict = Figment::from(Toml::file_exact(example_path()))
+            .extract()
+            .expect("the example config parses");
+        let mut out = Vec::new();
+        walk("", &example, &mut out);
+        for (key, value) in [
+            ("upstream_api_key", "sk-upstream-test"),
+            ("redis", "redis://127.0.0.1:1"),
+            ("admin.token", "admin-token-0123456789"),
+            ("routing.base_model", "Qwen/Qwen3-8B"),
+            ("filters.dir", "/tmp/clawback-plugins"),
+        ] {
+            out.push((key.to_owned(), Value::from(value)));
+        }
+        out
+    }
+
+    /// A value for `key` that differs from the example's, so that a setting that is ignored
+    /// shows: flipped, one more, or another valid word.
+    fn another(key: &str, value: &figment::value::Value) -> figment::value::Value {
+        use figment::value::{Num, Value};
+        let word = match key {
+            "listen" => Some("127.0.0.1:8199"),
+            "upstream_kind" => Some("sglang"),
+            "balancer" => Some("least_outstanding"),
+            "data_dir" => Some("/tmp/clawback-elsewhere"),
+            "tenants.default" => Some("someone-else"),
+            "log.format" => Some("json"),
+            "log.filter" => Some("debug"),
+            _ => None,
+        };
+        if let Some(word) = word {
+            return Value::from(word);
+        }
+        match value {
+            Value::Bool(tag, b) => Value::Bool(*tag, !b),
+            Value::Num(tag, n) => Value::Num(*tag, Num::from(n.to_u128().unwrap_or(0) as u64 + 1)),
+            Value::String(_, s) => match humantime::parse_duration(s) {
+                Ok(d) => {
+                    Value::from(humantime::format_duration(d + Duration::from_secs(1)).to_string())
+                }
+                Err(_) => Value::from(format!("{s}-x")),
+            },
+            Value::Array(_, items) if key == "recording.redact" && items.is_empty() => {
+                let mut rule = figment::value::Dict::new();
+                rule.insert("pattern".to_owned(), Value::from("sk-[a-z]+"));
+                rule.insert("replacement".to_owned(), Value::from("[key]"));
+                Value::from(vec![Value::from(rule)])
+            }
+            Value::Array(_, items) if key == "upstreams" || items.is_empty() => {
+                let item = if key == "upstreams" {
+                    "http://127.0.0.1:9"
+                } else {
+                    "other-name"
+                };
+                Value::from(vec![Value::from(item)])
+            }
+            Value::Array(_, items) => Value::from(items[..1].to_vec()),
+            other => other.clone(),
+        }
+    }
+
+    /// `value` as the environment or `--set` writes it (TOML syntax).
+    fn written(value: &figment::value::Value) -> String {
+        use figment::value::Value;
+        match value {
+            Value::String(_, s) => toml_string(s),
+            Value::Array(_, items) => {
+                let items: Vec<String> = items.iter().map(written).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Value::Bool(_, b) => b.to_string(),
+            Value::Num(_, n) => n
+                .to_u128()
+                .map_or_else(|| format!("{n:?}"), |n| n.to_string()),
+            Value::Dict(_, dict) => {
+                let entries: Vec<String> = dict
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", written(v)))
+                    .collect();
+                format!("{{{}}}", entries.join(","))
+            }
+            other => panic!("no written form for {other:?}"),
+        }
+    }
+
+    /// The loaded config's value at `key`, with durations as `Duration`s.
+    fn loaded_at(config: &Config, key: &str) -> String {
+        let value = Figment::from(Serialized::defaults(config))
+            .find_value(key)
+            .unwrap_or_else(|e| panic!("{key} is not in the loaded config: {e}"));
+        normalise(&value)
+    }
+
+    fn normalise(value: &figment::value::Value) -> String {
+        match value {
+            figment::value::Value::String(_, s) => match humantime::parse_duration(s) {
+                Ok(d) => format!("{d:?}"),
+                Err(_) => s.clone(),
+            },
+            other => written(other),
+        }
+    }
+
+    #[test]
+    fn every_documented_setting_is_settable_by_environment_and_by_set() {
+        let settings = documented_settings();
+        assert!(
+            settings.len() > 30,
+            "the example lists {} keys",
+            settings.len()
+        );
+        for (key, value) in &settings {
+            let want = another(key, value);
+            let env_name = format!("CLAWBACK_{}", key.replace('.', "__").to_uppercase());
+            jailed(|jail| {
+                let overrides = Overrides {
+                    set: vec![format!("{key}={}", written(&want))],
+                    ..Overrides::default()
+                };
+                let config = Config::load(None, &overrides)
+                    .unwrap_or_else(|e| panic!("--set {key}={}: {e}", written(&want)));
+                assert_eq!(loaded_at(&config, key), normalise(&want), "--set {key}");
+                jail.set_env(&env_name, written(&want));
+                let config = Config::load(None, &Overrides::default())
+                    .unwrap_or_else(|e| panic!("{env_name}={}: {e}", written(&want)));
+                assert_eq!(loaded_at(&config, key), normalise(&want), "{env_name}");
+            });
+        }
+    }
+
+    #[test]
+    fn every_field_of_the_config_is_an_environment_key() {
+        let config = Config {
+            upstream_api_key: Some("k".to_owned()),
+            redis: Some("redis://x".to_owned()),
+            ..Config::default()
+        };
+        let fields: figment::value::Dict = Figment::from(Serialized::defaults(&config))
+            .extract()
+            .unwrap();
+        for field in fields.keys() {
+            assert!(
+                is_env_key(field),
+                "CLAWBACK_{} is not read",
+                field.to_uppercase()
+            );
+        }
+        assert!(!is_env_key("config") && !is_env_key("plugins"));
+    }
+
+    #[test]
+    fn the_default_tenant_can_be_switched_off() {
+        jailed(|jail| {
+            let overrides = Overrides {
+                set: vec!["tenants.default=false".to_owned()],
+                ..Overrides::default()
+            };
+            let config = Config::load(None, &overrides).unwrap();
+            assert_eq!(config.tenants.default, None);
+            for bad in ["tenants.default=true", "tenants.default=\"\""] {
+                let overrides = Overrides {
+                    set: vec![bad.to_owned()],
+                    ..Overrides::default()
+                };
+                assert!(Config::load(None, &overrides).is_err(), "{bad}");
+            }
+            jail.set_env("CLAWBACK_TENANTS__DEFAULT", "false");
+            let config = Config::load(None, &Overrides::default()).unwrap();
+            assert_eq!(config.tenants.default, None);
+        });
+    }
+
+    #[test]
+    fn an_empty_or_blank_admin_token_refuses_to_start() {
+        for token in ["\"\"", "\" \"", "\"tok en\"", "\"token \""] {
+            let overrides = Overrides {
+                set: vec![format!("admin.token={token}")],
+                ..Overrides::default()
+            };
+            jailed(|_| {
+                let err = Config::load(None, &overrides).unwrap_err().to_string();
+                assert!(err.contains("admin.token"), "{token}: {err}");
+            });
+        }
     }
 }

@@ -17,6 +17,14 @@ pub enum ProxyError {
     BodyRead(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("no route for {method} {path}: the sidecar serves /v1/* and /s/{{session}}/v1/*")]
     NotFound { method: String, path: String },
+    #[error(
+        "{method} {path} is not part of the agent API this sidecar serves (see `agent_api.allow`)"
+    )]
+    NotAgentApi { method: String, path: String },
+    #[error("{path} is an engine control route; it is never forwarded from the agent port")]
+    EngineControlRoute { path: String },
+    #[error("the model `{model}` does not exist or is not available to this tenant")]
+    ModelNotAvailable { model: String },
     #[error("the sidecar is serving its limit of {limit} concurrent requests; retry shortly")]
     Overloaded { limit: usize, retry_after_secs: u32 },
     #[error("no healthy upstream: all {count} are ejected after failures")]
@@ -55,7 +63,10 @@ impl ProxyError {
                 StatusCode::BAD_REQUEST
             }
             Self::UnknownApiKey => StatusCode::UNAUTHORIZED,
-            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::NotFound { .. } | Self::NotAgentApi { .. } | Self::ModelNotAvailable { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            Self::EngineControlRoute { .. } => StatusCode::FORBIDDEN,
             Self::Overloaded { .. } | Self::NoHealthyUpstream { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -72,6 +83,9 @@ impl ProxyError {
             | Self::BodyTimeout(_)
             | Self::BodyRead(_)
             | Self::NotFound { .. }
+            | Self::NotAgentApi { .. }
+            | Self::EngineControlRoute { .. }
+            | Self::ModelNotAvailable { .. }
             | Self::UnknownApiKey
             | Self::BadTenantHeader
             | Self::BadSessionHint(_) => "invalid_request_error",
@@ -87,6 +101,9 @@ impl ProxyError {
             Self::BodyTimeout(_) => "body_timeout",
             Self::BodyRead(_) => "body_read_failed",
             Self::NotFound { .. } => "not_found",
+            Self::NotAgentApi { .. } => "not_agent_api",
+            Self::EngineControlRoute { .. } => "engine_control_route",
+            Self::ModelNotAvailable { .. } => "model_not_found",
             Self::UnknownApiKey => "invalid_api_key",
             Self::BadTenantHeader => "invalid_tenant",
             Self::BadSessionHint(_) => "invalid_session_header",

@@ -16,7 +16,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::task::TaskTracker;
 
 use crate::body::ProxyBody;
@@ -28,7 +28,7 @@ use crate::metrics::{Metrics, UpstreamLabels};
 use crate::policy::Lease;
 use crate::recorder::Pending;
 use crate::relay::{Relay, RELAY_CAPACITY};
-use crate::upstream::{Failure, HealthChange, InFlight, Pool, Upstream};
+use crate::upstream::{status_health, Failure, HealthChange, InFlight, Pool, Upstream};
 
 /// When and where a response came from; the observe layer turns it into the added-latency metric.
 #[derive(Debug, Clone)]
@@ -47,6 +47,8 @@ pub struct Forwarder {
     kind: UpstreamKind,
     metrics: Arc<Metrics>,
     tasks: TaskTracker,
+    /// Calls whose client left and whose upstream answer is still read (`max_orphaned_calls`).
+    orphans: Arc<Semaphore>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +61,7 @@ impl Forwarder {
         upstream_api_key: Option<&str>,
         kind: UpstreamKind,
         timeouts: Timeouts,
+        max_orphaned_calls: usize,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
     ) -> Result<Self, InvalidApiKey> {
@@ -91,6 +94,7 @@ impl Forwarder {
             kind,
             metrics,
             tasks,
+            orphans: Arc::new(Semaphore::new(max_orphaned_calls)),
         })
     }
 
@@ -199,7 +203,7 @@ impl Forwarder {
                     continue;
                 }
                 Ok(Err(source)) => {
-                    self.report(&upstream, Failure::ServerError);
+                    self.report(&upstream, Failure::Gateway);
                     return Err(ProxyError::Upstream {
                         upstream: Arc::clone(&upstream.name),
                         source,
@@ -217,10 +221,12 @@ impl Forwarder {
                 .upstream_first_byte
                 .get_or_create(&UpstreamLabels::new(&upstream.name))
                 .observe((head_at - sent_at).as_secs_f64());
-            if response.status().is_server_error() {
-                self.report(&upstream, Failure::ServerError);
-            } else {
-                self.pool.report_success(&upstream);
+            match status_health(response.status()) {
+                Some(failure) => self.report(&upstream, failure),
+                // A plain 500 is how vLLM answers an input that breaks it: the request's fault,
+                // not the engine's health (see crate::upstream).
+                None if response.status().is_server_error() => {}
+                None => self.pool.report_success(&upstream),
             }
             let timing = UpstreamTiming {
                 upstream: Arc::clone(&upstream.name),
@@ -301,6 +307,7 @@ impl Forwarder {
             is_sse,
             idle: self.timeouts.upstream_idle,
             orphan_drain: self.timeouts.orphan_drain,
+            orphans: Arc::clone(&self.orphans),
             in_flight,
             pool: Arc::clone(&self.pool),
             metrics: Arc::clone(&self.metrics),

@@ -197,6 +197,7 @@ pub(crate) fn authorize(app: &App, parts: &request::Parts) -> Result<(), Handsha
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .filter(|given| !given.is_empty())
         .ok_or(HandshakeError::Unauthorized)?;
     // Compare digests so the comparison's time does not depend on where the strings differ.
     if Sha256::digest(given.as_bytes()) == Sha256::digest(expected.as_bytes()) {

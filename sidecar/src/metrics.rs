@@ -99,6 +99,7 @@ pub struct Metrics {
     pub ejections: Family<UpstreamLabels, Counter>,
     pub upstream_healthy: Family<UpstreamLabels, Gauge>,
     pub orphaned_streams: Counter,
+    pub orphans_cut: Counter,
     pub steps_recorded: Counter,
     pub steps_stored: Counter,
     pub records_dropped: Family<ReasonLabels, Counter>,
@@ -183,6 +184,12 @@ impl Metrics {
             "Upstream responses read to the end after their client went away",
             orphaned_streams.clone(),
         );
+        let orphans_cut = Counter::default();
+        registry.register(
+            "orphans_cut",
+            "Upstream calls cut off when their client left because `limits.max_orphaned_calls` were already draining",
+            orphans_cut.clone(),
+        );
         let steps_recorded = Counter::default();
         registry.register(
             "steps_recorded",
@@ -263,6 +270,7 @@ impl Metrics {
             ejections,
             upstream_healthy,
             orphaned_streams,
+            orphans_cut,
             steps_recorded,
             steps_stored,
             records_dropped,

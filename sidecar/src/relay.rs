@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::body::RelayItem;
@@ -29,6 +29,8 @@ pub enum RelayEnd {
     UpstreamFailed(String),
     UpstreamIdle,
     AbandonedAfterClientLeft,
+    /// The client left while `limits.max_orphaned_calls` orphans were already draining.
+    OrphanCut,
 }
 
 /// The recording side of a relay: the capture that strips what the sidecar injected and
@@ -44,6 +46,8 @@ pub struct Recorded {
     pub end: RelayEnd,
     /// When the first body bytes arrived from the upstream.
     pub first_byte_at: Option<clawback_datapool::UnixMs>,
+    /// The body was larger than the step cap: only its beginning was assembled.
+    pub truncated: bool,
 }
 
 pub struct Relay<B> {
@@ -54,6 +58,8 @@ pub struct Relay<B> {
     pub is_sse: bool,
     pub idle: Duration,
     pub orphan_drain: Duration,
+    /// Permits for orphans: a call whose client leaves takes one, or is cut off.
+    pub orphans: Arc<Semaphore>,
     pub in_flight: InFlight,
     pub pool: Arc<Pool>,
     pub metrics: Arc<Metrics>,
@@ -68,6 +74,7 @@ where
 {
     pub async fn run(mut self) -> RelayEnd {
         let mut client_gone_deadline: Option<Instant> = None;
+        let mut orphan_permit = None;
         let mut first_byte_at = None;
         let end = loop {
             let wait = match client_gone_deadline {
@@ -76,7 +83,20 @@ where
                     .min(deadline.saturating_duration_since(Instant::now())),
                 None => self.idle,
             };
-            let frame = match tokio::time::timeout(wait, self.body.frame()).await {
+            let polled = tokio::select! {
+                polled = tokio::time::timeout(wait, self.body.frame()) => polled,
+                // A client that leaves while the engine is silent (a long prefill, a slow
+                // token) is an orphan from that moment, not from the next frame.
+                () = self.tx.closed(), if client_gone_deadline.is_none() => {
+                    match self.orphaned() {
+                        Ok(permit) => orphan_permit = Some(permit),
+                        Err(end) => break end,
+                    }
+                    client_gone_deadline = Some(Instant::now() + self.orphan_drain);
+                    continue;
+                }
+            };
+            let frame = match polled {
                 Ok(Some(Ok(frame))) => frame,
                 Ok(None) => break RelayEnd::Complete,
                 Ok(Some(Err(e))) => break RelayEnd::UpstreamFailed(e.to_string()),
@@ -98,7 +118,10 @@ where
             match client_gone_deadline {
                 None => {
                     if self.tx.send(Ok(frame)).await.is_err() {
-                        self.metrics.orphaned_streams.inc();
+                        match self.orphaned() {
+                            Ok(permit) => orphan_permit = Some(permit),
+                            Err(end) => break end,
+                        }
                         client_gone_deadline = Some(Instant::now() + self.orphan_drain);
                     }
                 }
@@ -119,10 +142,27 @@ where
                 assembled: finished.assembled,
                 end: end.clone(),
                 first_byte_at,
+                truncated: finished.truncated,
             });
         }
         self.finish(&end).await;
+        drop(orphan_permit);
         end
+    }
+
+    /// The client left: the call drains as an orphan if a permit for one is free, else it is
+    /// cut off here.
+    fn orphaned(&self) -> Result<OwnedSemaphorePermit, RelayEnd> {
+        match Arc::clone(&self.orphans).try_acquire_owned() {
+            Ok(permit) => {
+                self.metrics.orphaned_streams.inc();
+                Ok(permit)
+            }
+            Err(_) => {
+                self.metrics.orphans_cut.inc();
+                Err(RelayEnd::OrphanCut)
+            }
+        }
     }
 
     async fn finish(&self, end: &RelayEnd) {
@@ -134,9 +174,13 @@ where
                     "stopped reading an orphaned upstream response at the drain limit");
                 return;
             }
+            RelayEnd::OrphanCut => {
+                tracing::warn!(upstream = %upstream.name,
+                    "cut off an upstream call whose client left: limits.max_orphaned_calls are draining");
+                return;
+            }
             RelayEnd::UpstreamFailed(reason) => {
-                if self.pool.report_failure(upstream, Failure::ServerError) == HealthChange::Ejected
-                {
+                if self.pool.report_failure(upstream, Failure::Gateway) == HealthChange::Ejected {
                     self.metrics
                         .ejections
                         .get_or_create(&UpstreamLabels::new(&upstream.name))

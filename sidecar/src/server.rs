@@ -1,6 +1,12 @@
 //! The agent-facing listener: a bounded accept loop serving HTTP/1.1 and h2c on every
 //! connection, and graceful shutdown.
 //!
+//! Every connection has a watchdog ([`Watchdog`]): one that has not sent a whole request head
+//! within `timeouts.header_read` of being accepted (nothing at all, or only an h2 preface), or
+//! that sits idle with no request in flight for `timeouts.idle_connection`, is closed — so
+//! silent connections cannot hold descriptors until the sidecar can accept nothing else, health
+//! checks included. The number of connections is capped below the process's descriptor limit.
+//!
 //! On shutdown the listener closes first (new connections are refused), idle keep-alive
 //! connections are closed, and in-flight requests — streams included — get `shutdown_grace` to
 //! finish. Forwarding tasks whose client already left are waited for within the same deadline,
@@ -8,7 +14,9 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -20,8 +28,28 @@ use tokio::time::Instant;
 
 use crate::app::{self, App};
 
-/// Connections held open at once; past this the accept loop waits for one to close.
-const MAX_CONNECTIONS: usize = 16_384;
+/// Descriptors kept free of agent connections: upstream connections, the store, plugins, logs.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// Connections held open at once; past this the accept loop waits for one to close. At most
+/// `limits.max_connections`, and never more than the descriptor limit leaves room for (else
+/// `accept` fails with EMFILE and nothing, `/healthz` included, is answered).
+fn connection_cap(configured: usize) -> usize {
+    let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let room = descriptors.saturating_sub(RESERVED_DESCRIPTORS).max(1) / 2 + 1;
+    let cap = configured.min(usize::try_from(room).unwrap_or(usize::MAX));
+    if cap < configured {
+        tracing::warn!(
+            configured,
+            cap,
+            descriptors,
+            "limits.max_connections lowered to fit the descriptor limit (ulimit -n)"
+        );
+    }
+    cap
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -50,7 +78,11 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let permits = Arc::new(Semaphore::new(connection_cap(
+        app.config.limits.max_connections,
+    )));
+    let header_read = app.config.timeouts.header_read;
+    let idle = app.config.timeouts.idle_connection;
     tokio::pin!(shutdown);
 
     loop {
@@ -74,14 +106,21 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(stack.clone());
+        let watchdog = Watchdog::new(header_read, idle);
+        let service = TowerToHyperService::new(Watched {
+            inner: stack.clone(),
+            watchdog: Arc::clone(&watchdog),
+        });
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                },
+                why = watchdog.expired() => tracing::debug!(%peer, why, "connection closed"),
             }
             drop(permit);
         });
@@ -109,4 +148,107 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     }
     app.close().await;
     tracing::info!("shutdown complete");
+}
+
+/// What a connection's watchdog knows: whether a request came, how many are in flight, and when
+/// the last one ended.
+pub struct Watchdog {
+    accepted: Instant,
+    header_read: Duration,
+    idle: Duration,
+    started: AtomicBool,
+    active: AtomicUsize,
+    /// Milliseconds after `accepted` when the connection last went idle.
+    idle_since_ms: AtomicU64,
+}
+
+impl Watchdog {
+    fn new(header_read: Duration, idle: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            accepted: Instant::now(),
+            header_read,
+            idle,
+            started: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn request_began(self: &Arc<Self>) -> RequestGuard {
+        self.started.store(true, Ordering::Relaxed);
+        self.active.fetch_add(1, Ordering::SeqCst);
+        RequestGuard(Arc::clone(self))
+    }
+
+    /// Resolves when the connection should be closed, saying why.
+    async fn expired(&self) -> &'static str {
+        loop {
+            let now = Instant::now();
+            let deadline = if !self.started.load(Ordering::Relaxed) {
+                self.accepted + self.header_read
+            } else if self.active.load(Ordering::SeqCst) > 0 {
+                now + self.idle
+            } else {
+                let since = self.idle_since_ms.load(Ordering::Relaxed);
+                self.accepted + Duration::from_millis(since) + self.idle
+            };
+            if now >= deadline {
+                return if self.started.load(Ordering::Relaxed) {
+                    "idle past timeouts.idle_connection"
+                } else {
+                    "no request head within timeouts.header_read"
+                };
+            }
+            tokio::time::sleep_until(deadline.max(now + Duration::from_millis(10))).await;
+        }
+    }
+}
+
+/// One request on a watched connection; dropped with its response body.
+struct RequestGuard(Arc<Watchdog>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let elapsed = u64::try_from(self.0.accepted.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.idle_since_ms.store(elapsed, Ordering::Relaxed);
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The stack, telling the connection's watchdog when requests begin and end.
+#[derive(Clone)]
+struct Watched {
+    inner: app::Stack,
+    watchdog: Arc<Watchdog>,
+}
+
+impl<B> tower::Service<http::Request<B>> for Watched
+where
+    app::Stack: tower::Service<
+        http::Request<B>,
+        Response = http::Response<crate::body::ProxyBody>,
+        Error = std::convert::Infallible,
+        Future = crate::layers::ResponseFuture,
+    >,
+{
+    type Response = http::Response<crate::body::ProxyBody>;
+    type Error = std::convert::Infallible;
+    type Future = crate::layers::ResponseFuture;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let guard = self.watchdog.request_began();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = response.await?;
+            response.body_mut().attach(guard);
+            Ok(response)
+        })
+    }
 }

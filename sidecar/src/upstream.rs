@@ -1,10 +1,20 @@
 //! The inference backends: their addresses, passive health and the balancer that picks one.
 //!
-//! Health is passive: a connect failure ejects a backend at once, a run of 5xx answers ejects it
-//! after a threshold; after the ejection period it is simply eligible again and the next real
-//! request is its probe. There is no active health checking, so an idle sidecar sends nothing.
+//! Health is passive: a connect failure ejects a backend at once, a run of gateway failures
+//! (502/503/504, a connection that broke before or during the answer) ejects it after a
+//! threshold; after the ejection period it is simply eligible again and the next real request is
+//! its probe. There is no active health checking, so an idle sidecar sends nothing.
+//!
+//! One tenant must not be able to trip health for all (Envoy's outlier detection makes the same
+//! two choices):
+//! - answers a request can cause — 4xx, and a plain 500 (vLLM's answer to an input that breaks
+//!   it) — never count; only failures of the engine as a service do;
+//! - **panic mode**: when every backend is ejected, the ones ejected for failed answers are used
+//!   anyway (the balancer ignores their ejection) instead of failing every tenant's calls. Only
+//!   backends that refused connections — which no request can cause — are skipped then, and
+//!   `/readyz` goes red only when every backend is such a one.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +46,8 @@ pub enum UpstreamUrlError {
     NoHost(String),
     #[error("{0:?} must not carry a query string")]
     Query(String),
+    #[error("{0:?} carries a user or password: set the credential as upstream_api_key (CLAWBACK_UPSTREAM_API_KEY), never in the URL, where logs and metrics would show it")]
+    Credentials(String),
 }
 
 impl UpstreamUrl {
@@ -52,6 +64,13 @@ impl UpstreamUrl {
             .authority()
             .cloned()
             .ok_or_else(|| UpstreamUrlError::NoHost(url.to_owned()))?;
+        if authority.as_str().contains('@') {
+            let host = authority.as_str().rsplit('@').next().unwrap_or_default();
+            return Err(UpstreamUrlError::Credentials(format!(
+                "{scheme}://***@{host}{}",
+                uri.path()
+            )));
+        }
         if uri.query().is_some() {
             return Err(UpstreamUrlError::Query(url.to_owned()));
         }
@@ -62,6 +81,14 @@ impl UpstreamUrl {
             authority,
             base_path,
         })
+    }
+
+    /// `host:port`: the name logs and metrics show (a URL with credentials is refused).
+    pub fn name(&self) -> String {
+        match self.authority.port() {
+            Some(port) => format!("{}:{port}", self.authority.host()),
+            None => self.authority.host().to_owned(),
+        }
     }
 
     /// The URI for `path_and_query`, which starts with `/v1/`.
@@ -81,9 +108,11 @@ pub struct Upstream {
     pub name: Arc<str>,
     pub url: UpstreamUrl,
     in_flight: AtomicUsize,
-    consecutive_5xx: AtomicU32,
+    consecutive_failures: AtomicU32,
     /// Milliseconds since the pool's epoch until which this backend is skipped; 0 = healthy.
     ejected_until_ms: AtomicU64,
+    /// Whether the last ejection was for a refused connection (no panic mode for it).
+    refused: AtomicBool,
 }
 
 impl Upstream {
@@ -111,8 +140,18 @@ impl Drop for InFlight {
 /// Why an upstream is being reported unhealthy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
+    /// The connection was refused or timed out: the engine is not there.
     Connect,
-    ServerError,
+    /// 502/503/504, or the connection broke before or during the answer.
+    Gateway,
+}
+
+/// What an answer's status says about the engine's health.
+pub fn status_health(status: http::StatusCode) -> Option<Failure> {
+    match status.as_u16() {
+        502..=504 => Some(Failure::Gateway),
+        _ => None,
+    }
 }
 
 /// Something that happened to an upstream's health, for logs and metrics.
@@ -141,11 +180,12 @@ impl Pool {
             .map(|raw| {
                 let url = UpstreamUrl::parse(raw)?;
                 Ok(Arc::new(Upstream {
-                    name: Arc::from(url.authority.as_str()),
+                    name: Arc::from(url.name()),
                     url,
                     in_flight: AtomicUsize::new(0),
-                    consecutive_5xx: AtomicU32::new(0),
+                    consecutive_failures: AtomicU32::new(0),
                     ejected_until_ms: AtomicU64::new(0),
+                    refused: AtomicBool::new(false),
                 }))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -169,13 +209,31 @@ impl Pool {
         self.upstreams.iter().filter(|u| self.is_healthy(u)).count()
     }
 
-    /// Picks a healthy upstream not in `exclude` and marks a request in flight on it.
+    /// Whether calls can be served: some backend is healthy, or panic mode has one to use.
+    pub fn can_serve(&self) -> bool {
+        self.upstreams
+            .iter()
+            .any(|u| self.is_healthy(u) || !u.refused.load(Ordering::Relaxed))
+    }
+
+    /// Picks a healthy upstream not in `exclude` and marks a request in flight on it; with none
+    /// healthy, one ejected for failed answers (panic mode, see the module docs).
     pub fn pick(&self, exclude: &[Arc<str>]) -> Option<InFlight> {
-        let candidates: Vec<&Arc<Upstream>> = self
+        let eligible = |u: &&Arc<Upstream>| !exclude.contains(&u.name);
+        let mut candidates: Vec<&Arc<Upstream>> = self
             .upstreams
             .iter()
-            .filter(|u| self.is_healthy(u) && !exclude.contains(&u.name))
+            .filter(eligible)
+            .filter(|u| self.is_healthy(u))
             .collect();
+        if candidates.is_empty() {
+            candidates = self
+                .upstreams
+                .iter()
+                .filter(eligible)
+                .filter(|u| !u.refused.load(Ordering::Relaxed))
+                .collect();
+        }
         let chosen = match (self.balancer, candidates.len()) {
             (_, 0) => return None,
             (_, 1) => candidates[0],
@@ -200,21 +258,28 @@ impl Pool {
     }
 
     pub fn report_success(&self, upstream: &Upstream) {
-        upstream.consecutive_5xx.store(0, Ordering::Relaxed);
+        upstream.consecutive_failures.store(0, Ordering::Relaxed);
+        upstream.refused.store(false, Ordering::Relaxed);
     }
 
     pub fn report_failure(&self, upstream: &Upstream, failure: Failure) -> HealthChange {
         let eject = match failure {
             Failure::Connect => true,
-            Failure::ServerError => {
-                let run = upstream.consecutive_5xx.fetch_add(1, Ordering::Relaxed) + 1;
+            Failure::Gateway => {
+                let run = upstream
+                    .consecutive_failures
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
                 run >= self.health.eject_after_5xx
             }
         };
         if !eject {
             return HealthChange::Unchanged;
         }
-        upstream.consecutive_5xx.store(0, Ordering::Relaxed);
+        upstream.consecutive_failures.store(0, Ordering::Relaxed);
+        upstream
+            .refused
+            .store(failure == Failure::Connect, Ordering::Relaxed);
         let until = self.now_ms() + duration_ms(self.health.ejection);
         upstream.ejected_until_ms.store(until, Ordering::Relaxed);
         HealthChange::Ejected
@@ -265,6 +330,25 @@ mod tests {
     }
 
     #[test]
+    fn an_upstream_url_with_credentials_is_refused_without_showing_them() {
+        for url in [
+            "http://user:s3cret@10.0.0.1:8000/v1",
+            "https://:s3cret@api.example.com/proxy",
+            "http://s3cret@x:1",
+        ] {
+            let err = UpstreamUrl::parse(url).unwrap_err();
+            assert!(matches!(err, UpstreamUrlError::Credentials(_)), "{url}");
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+        }
+        assert_eq!(
+            UpstreamUrl::parse("http://10.0.0.1:8000/v1")
+                .unwrap()
+                .name(),
+            "10.0.0.1:8000"
+        );
+    }
+
+    #[test]
     fn least_outstanding_prefers_the_idle_upstream() {
         let pool = pool(3, BalancerKind::LeastOutstanding);
         let first = pool.pick(&[]).unwrap();
@@ -285,6 +369,38 @@ mod tests {
     }
 
     #[test]
+    fn with_every_upstream_ejected_for_failed_answers_panic_mode_still_picks_one() {
+        let pool = pool(2, BalancerKind::PowerOfTwoChoices);
+        let a = Arc::clone(&pool.all()[0]);
+        let b = Arc::clone(&pool.all()[1]);
+        for _ in 0..2 {
+            pool.report_failure(&a, Failure::Gateway);
+        }
+        pool.report_failure(&b, Failure::Connect);
+        assert_eq!(pool.healthy_count(), 0);
+        assert!(pool.can_serve());
+        let picked = pool.pick(&[]).unwrap();
+        assert_eq!(picked.upstream().name, a.name, "never the one that refused");
+        assert!(pool.pick(&[Arc::clone(&a.name)]).is_none());
+        for _ in 0..2 {
+            pool.report_failure(&a, Failure::Connect);
+        }
+        assert!(!pool.can_serve());
+    }
+
+    #[test]
+    fn only_gateway_statuses_count_against_health() {
+        for status in [400, 404, 413, 422, 429, 500, 501] {
+            let status = http::StatusCode::from_u16(status).unwrap();
+            assert_eq!(status_health(status), None, "{status}");
+        }
+        for status in [502, 503, 504] {
+            let status = http::StatusCode::from_u16(status).unwrap();
+            assert_eq!(status_health(status), Some(Failure::Gateway), "{status}");
+        }
+    }
+
+    #[test]
     fn a_connect_failure_ejects_and_5xx_needs_a_run() {
         let pool = pool(2, BalancerKind::PowerOfTwoChoices);
         let a = Arc::clone(&pool.all()[0]);
@@ -295,18 +411,18 @@ mod tests {
         );
         assert_eq!(pool.healthy_count(), 1);
         assert_eq!(
-            pool.report_failure(&b, Failure::ServerError),
+            pool.report_failure(&b, Failure::Gateway),
             HealthChange::Unchanged
         );
         pool.report_success(&b);
         assert_eq!(
-            pool.report_failure(&b, Failure::ServerError),
+            pool.report_failure(&b, Failure::Gateway),
             HealthChange::Unchanged
         );
         assert_eq!(
-            pool.report_failure(&b, Failure::ServerError),
+            pool.report_failure(&b, Failure::Gateway),
             HealthChange::Ejected
         );
-        assert!(pool.pick(&[]).is_none());
+        assert_eq!(pool.healthy_count(), 0);
     }
 }

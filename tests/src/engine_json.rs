@@ -489,6 +489,22 @@ pub fn response_events(id: &str, request: &Value, reply: &Reply) -> Vec<(String,
         .collect()
 }
 
+/// vLLM's `/v1/models` with LoRA adapters loaded: each lists the folder it was loaded from as its
+/// `root` and the base model as its `parent`.
+pub fn models_with(adapters: &[String]) -> Value {
+    let mut list = models();
+    if let Some(data) = list["data"].as_array_mut() {
+        for name in adapters {
+            data.push(json!({
+                "id": name, "object": "model", "created": CREATED, "owned_by": "vllm",
+                "root": format!("/var/lib/clawback/adapters/{name}"), "parent": MODEL,
+                "max_model_len": null, "permission": []
+            }));
+        }
+    }
+    list
+}
+
 pub fn models() -> Value {
     json!({
         "object": "list",

@@ -43,6 +43,10 @@ pub struct Behaviour {
     pub hold: Option<Hold>,
     /// Answers for chat calls whose `model` is `judge` (a filter plugin's judge), in turn.
     pub judge_answers: Vec<String>,
+    /// LoRA adapters `/v1/models` lists beside the base model, as vLLM lists loaded adapters.
+    pub loaded_adapters: Vec<String>,
+    /// The text every chat answer says instead of the usual one.
+    pub answer_text: Option<String>,
 }
 
 /// Holds every response body after `after_chunks` chunks until [`Hold::release`]: lets a test
@@ -307,11 +311,14 @@ fn answer(
         (&Method::GET, "/v1/models") => (
             StatusCode::OK,
             "application/json",
-            json_body(shapes::models()),
+            json_body(shapes::models_with(&behaviour.loaded_adapters)),
         ),
         (&Method::POST, "/v1/chat/completions") if request.is_object() => {
             let id = format!("chatcmpl-{n:032x}");
-            let reply = Reply::for_request(&request);
+            let reply = match &behaviour.answer_text {
+                Some(text) => Reply::Text(text.clone()),
+                None => Reply::for_request(&request),
+            };
             if stream {
                 let events = shapes::chat_completion_chunks(&id, &request, &reply);
                 (StatusCode::OK, "text/event-stream", sse_data(events))

@@ -63,13 +63,43 @@ fn sidecar_config(
         temperature: 0.6,
         max_tokens: 256,
     });
+    config.admin.token = Some(ADMIN.to_owned());
     config
+}
+
+const ADMIN: &str = "filters-admin-token";
+
+/// Where the conversation's ground truth (`answer`) comes from.
+#[derive(Clone, Copy)]
+enum Truth {
+    /// The handshake API opens the trajectory with `metadata.answer` (trusted); the agent's body
+    /// claims another answer, which must change nothing.
+    Handshake,
+    /// Only the agent's own request body says `metadata.answer`: the policy naming its target.
+    AgentBody,
 }
 
 /// A two-call tool-using conversation: a tool call, then (after the tool result and the user's
 /// thanks) the final answer, closing the trajectory.
-async fn converse(sidecar: &Sidecar, session: &str) -> Vec<u16> {
+async fn converse(sidecar: &Sidecar, session: &str, truth: Truth) -> Vec<u16> {
     let client = reqwest::Client::new();
+    let (path, claimed) = match truth {
+        Truth::Handshake => {
+            let opened: Value = client
+                .post(sidecar.url("/trajectories"))
+                .bearer_auth(ADMIN)
+                .json(&json!({"metadata": {"answer": "21"}}))
+                .send()
+                .await
+                .expect("handshake")
+                .json()
+                .await
+                .expect("handshake answers JSON");
+            let id = opened["trajectory_id"].as_str().expect("a trajectory id");
+            (format!("/s/{id}/v1/chat/completions"), "99")
+        }
+        Truth::AgentBody => ("/v1/chat/completions".to_owned(), "21"),
+    };
     let tools = json!([{
         "type": "function",
         "function": {
@@ -83,11 +113,11 @@ async fn converse(sidecar: &Sidecar, session: &str) -> Vec<u16> {
         json!({"role": "user", "content": "What's the temperature in Paris in Celsius?"}),
     ];
     let first: Value = client
-        .post(sidecar.url("/v1/chat/completions"))
+        .post(sidecar.url(&path))
         .header("x-clawback-session", session)
         .json(
             &json!({"model": "mock-llama", "messages": messages, "tools": tools,
-                      "metadata": {"answer": "21"}}),
+                      "metadata": {"answer": claimed}}),
         )
         .send()
         .await
@@ -105,7 +135,7 @@ async fn converse(sidecar: &Sidecar, session: &str) -> Vec<u16> {
                          "content": "{\"city\":\"Paris\",\"temperature\":21,\"unit\":\"celsius\"}"}));
     messages.push(json!({"role": "user", "content": "Thanks! Now tell me in one line."}));
     let second = client
-        .post(sidecar.url("/v1/chat/completions"))
+        .post(sidecar.url(&path))
         .header("x-clawback-session", session)
         .header("x-clawback-done", "true")
         .json(&json!({"model": "mock-llama", "messages": messages}))
@@ -163,7 +193,10 @@ async fn every_example_plugin_scores_a_conversation_and_its_evaluation_lands_in_
         "exact_answer",
     ]);
     let sidecar = sidecar_with(&plugins, &engine, &redis).await;
-    assert_eq!(converse(&sidecar, "weather-1").await, vec![200, 200]);
+    assert_eq!(
+        converse(&sidecar, "weather-1", Truth::Handshake).await,
+        vec![200, 200]
+    );
 
     let record = stored(&redis, 5).await;
     let first_step = record.steps[0].id;
@@ -191,13 +224,43 @@ async fn every_example_plugin_scores_a_conversation_and_its_evaluation_lands_in_
             "{plugin} scores the first step"
         );
     }
-    // The final answer ("... 21 °C.") matches metadata.answer.
+    // The final answer ("... 21 °C.") matches the handshake's metadata.answer, not the 99 the
+    // agent's body claimed.
     assert_eq!(score("exact_answer").0, Some(1.0));
     assert_eq!(from(&record, "exact_answer").step, None);
     assert_eq!(
         engine.judge_calls(),
         6,
         "three votes each for judge_vote and hint_extractor"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_the_agent_claims_in_its_own_body_is_no_ground_truth() {
+    let redis = RedisServer::start();
+    let engine = MockUpstream::start().await;
+    let plugins = plugin_dir(&["exact_answer", "tool_outcome"]);
+    let sidecar = sidecar_with(&plugins, &engine, &redis).await;
+    assert_eq!(
+        converse(&sidecar, "self-graded", Truth::AgentBody).await,
+        vec![200, 200]
+    );
+    // tool_outcome's evaluation shows the plugins ran; exact_answer found no trusted answer.
+    let record = stored(&redis, 1).await;
+    from(&record, "tool_outcome");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let record = stored(&redis, 1).await;
+    assert!(
+        !record.evaluations.iter().any(
+            |e| matches!(&e.source, EvaluationSource::Plugin { name, .. } if name == "exact_answer")
+        ),
+        "the agent's own metadata.answer must not score it: {:#?}",
+        record.evaluations
+    );
+    // What the agent said is kept, apart, for the record.
+    assert_eq!(
+        record.trajectory.metadata[clawback_datapool::AGENT_METADATA_KEY]["answer"],
+        "21"
     );
 }
 
@@ -223,7 +286,10 @@ async fn hostile_plugins_are_isolated_and_the_stored_evaluation_says_why() {
     config.filters.deadline = Duration::from_secs(2);
     config.filters.memory_limit = 16 << 20;
     let sidecar = Sidecar::start(config).await;
-    assert_eq!(converse(&sidecar, "hostile-1").await, vec![200, 200]);
+    assert_eq!(
+        converse(&sidecar, "hostile-1", Truth::AgentBody).await,
+        vec![200, 200]
+    );
     // The sidecar keeps serving while the hostile plugins are being stopped.
     for i in 0..20 {
         let status = reqwest::Client::new()

@@ -130,6 +130,13 @@ enum Command {
         /// loads it first (vLLM's filesystem LoRA resolver), so a restart loses no adapter.
         #[arg(long)]
         lora_resolver_dir: Option<PathBuf>,
+        /// A folder `/v1/load_lora_adapter` may load adapters from (repeatable; the resolver
+        /// directory is one too). Paths outside, symlinks out included, are refused.
+        #[arg(long = "lora-root")]
+        lora_roots: Vec<PathBuf>,
+        /// Adapters loaded at once; a load past it is refused until one is unloaded.
+        #[arg(long, default_value_t = 64)]
+        max_loaded_adapters: usize,
     },
 }
 
@@ -350,12 +357,16 @@ fn main() -> Result<()> {
             max_num_seqs,
             threads,
             lora_resolver_dir,
+            lora_roots,
+            max_loaded_adapters,
         } => {
             if let Some(threads) = threads {
                 tch::set_num_threads(threads);
             }
             let options = ServeOptions {
                 lora_resolver_dir,
+                lora_roots,
+                max_loaded_adapters,
                 model,
                 served_model_name,
                 adapters,

@@ -397,7 +397,8 @@ async fn loading_and_unloading_an_adapter_changes_outputs_and_the_model_list() {
             &json!({"lora_name": "missing", "lora_path": dir.join("nowhere")}),
         )
         .await;
-    assert_eq!(status, 400);
+    // vLLM answers a bad path with 404.
+    assert_eq!(status, 404);
     assert!(
         body["error"]["message"]
             .as_str()
@@ -522,7 +523,8 @@ async fn swaps_during_concurrent_streams_fail_none_and_change_none_already_runni
         std::fs::create_dir_all(folder).unwrap();
         write_model(folder, seed, 2);
     }
-    let adapter_dir = dir.join("adapter");
+    // Under the served model's folder: the test server's adapter root.
+    let adapter_dir = v1.join("adapter");
     write_adapter(&v1, &adapter_dir, 90, 4);
     let server = start(&v1).await;
     let client = Client::new(&server);
@@ -708,4 +710,86 @@ async fn one_tenants_new_versions_leave_another_tenants_logprobs_bit_identical()
 
     assert_eq!(logprobs_of(&client, "tenant-b@v1").await, b_before);
     assert_eq!(logprobs_of(&client, BASE).await, base_before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_load_only_from_the_roots_under_plain_names_and_up_to_the_cap() {
+    let dir = temp_dir("roots");
+    write_model(&dir, 14, 1);
+    write_adapter(&dir, &dir.join("a-v1"), 80, 4);
+    let outside = temp_dir("roots-outside");
+    write_adapter(&dir, &outside.join("evil"), 81, 4);
+    std::os::unix::fs::symlink(outside.join("evil"), dir.join("link-out")).unwrap();
+    let server = start(&dir).await;
+    let client = Client::new(&server);
+    let load = |name: &str, path: std::path::PathBuf| json!({"lora_name": name, "lora_path": path});
+
+    // Outside the roots: an absolute path, `..`, a symlink out, a missing folder — one answer.
+    let mut refusals = Vec::new();
+    for path in [
+        outside.join("evil"),
+        dir.join("../")
+            .join(outside.file_name().unwrap())
+            .join("evil"),
+        dir.join("link-out"),
+        dir.join("missing"),
+    ] {
+        let (status, body) = client
+            .post_json("/v1/load_lora_adapter", &load("x@v1", path.clone()))
+            .await;
+        assert_eq!(status, 404, "{}: {body}", path.display());
+        let message = body["error"]["message"].as_str().unwrap().to_owned();
+        refusals.push(message.replace(&path.display().to_string(), "PATH"));
+    }
+    refusals.dedup();
+    assert_eq!(refusals.len(), 1, "refusals differ: {refusals:?}");
+    assert!(!refusals[0].contains("No such file"), "{}", refusals[0]);
+
+    // Another spelling of a name is no second name.
+    for name in ["a/", "a/.", "../a", ""] {
+        let (status, _) = client
+            .post_json("/v1/load_lora_adapter", &load(name, dir.join("a-v1")))
+            .await;
+        assert_eq!(status, 400, "{name:?}");
+    }
+    // The cap (8 in the test server).
+    for n in 0..8 {
+        let (status, text) = client
+            .post(
+                "/v1/load_lora_adapter",
+                &load(&format!("t@v{n}"), dir.join("a-v1")),
+            )
+            .await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let (status, body) = client
+        .post_json("/v1/load_lora_adapter", &load("t@v9", dir.join("a-v1")))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(client.model_ids().await.len(), 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_tokens_near_the_integer_limit_is_refused_not_wrapped() {
+    let dir = temp_dir("overflow");
+    write_model(&dir, 15, 1);
+    let server = start(&dir).await;
+    let client = Client::new(&server);
+    for max_tokens in [u64::MAX, u64::MAX - 3, 1 << 63] {
+        let (status, body) = client
+            .post_json(
+                "/v1/chat/completions",
+                &json!({"model": BASE, "messages": messages(), "max_tokens": max_tokens,
+                        "ignore_eos": true, "stream": true}),
+            )
+            .await;
+        assert_eq!(status, 400, "{max_tokens}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("maximum context length"),
+            "{body}"
+        );
+    }
 }

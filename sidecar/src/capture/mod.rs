@@ -79,6 +79,8 @@ impl Capture {
             injected: self.injected,
             assembler: Assembler::new(self.endpoint),
             mode,
+            limit: usize::MAX,
+            seen: 0,
         }
     }
 }
@@ -111,6 +113,9 @@ pub struct ResponseCapture {
     injected: Injected,
     assembler: Assembler,
     mode: Mode,
+    /// Body bytes the capture keeps and assembles; past them the response passes through.
+    limit: usize,
+    seen: usize,
 }
 
 #[derive(Debug)]
@@ -126,12 +131,39 @@ pub struct Finished {
     /// Bytes still to send the agent: a held (and stripped) non-streamed body.
     pub tail: Option<Bytes>,
     pub assembled: Assembled,
+    /// The body was larger than the limit: `assembled` holds at most its beginning.
+    pub truncated: bool,
 }
 
 impl ResponseCapture {
+    /// Keeps and assembles at most `limit` body bytes (the recorder's step cap): memory per
+    /// call stays bounded whatever the engine sends, and the agent still gets all of it.
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    fn over_limit(&self) -> bool {
+        self.seen > self.limit
+    }
+
     /// Takes in one frame of the upstream body and says what to send the agent for it.
     pub fn on_frame(&mut self, frame: &Bytes) -> Forward {
+        self.seen = self.seen.saturating_add(frame.len());
+        let assemble = !self.over_limit();
         match &mut self.mode {
+            Mode::Body(body) if !assemble => {
+                // Past the limit a plain body is no longer held: what was held goes out with
+                // this frame as it came (with the fields the sidecar asked for, unstripped, but
+                // whole), the rest as it comes.
+                let held = std::mem::take(body);
+                if held.is_empty() || self.injected.is_empty() {
+                    return Forward::Original;
+                }
+                let mut out = held;
+                out.extend_from_slice(frame);
+                Forward::Rewritten(out.freeze())
+            }
             Mode::Body(body) => {
                 body.extend_from_slice(frame);
                 if self.injected.is_empty() {
@@ -143,16 +175,24 @@ impl ResponseCapture {
             Mode::Sse(splitter) => {
                 let aligned = splitter.is_empty();
                 splitter.push(frame);
+                // Past the limit events are still cut and stripped (one at a time: bounded), but
+                // no longer assembled.
+                let assembler = assemble.then_some(&mut self.assembler);
                 if self.injected.is_empty() {
-                    while let Some(event) = splitter.next_event() {
-                        on_event(&mut self.assembler, &self.injected, &event);
+                    if let Some(assembler) = assembler {
+                        while let Some(event) = splitter.next_event() {
+                            on_event(Some(&mut *assembler), &self.injected, &event);
+                        }
+                    } else {
+                        splitter.finish();
                     }
                     return Forward::Original;
                 }
+                let mut assembler = assembler;
                 let mut out = BytesMut::new();
                 let mut rewritten = false;
                 while let Some(event) = splitter.next_event() {
-                    match on_event(&mut self.assembler, &self.injected, &event) {
+                    match on_event(assembler.as_deref_mut(), &self.injected, &event) {
                         Some(bytes) => {
                             rewritten = true;
                             out.put(bytes);
@@ -173,10 +213,12 @@ impl ResponseCapture {
 
     /// The body ended (completely or not): the bytes still to send, and the assembled answer.
     pub fn finish(self) -> Finished {
+        let truncated = self.over_limit();
         let ResponseCapture {
             injected,
             mut assembler,
             mode,
+            ..
         } = self;
         let tail = match mode {
             Mode::Sse(mut splitter) => {
@@ -186,6 +228,8 @@ impl ResponseCapture {
                 splitter.finish();
                 None
             }
+            // Past the limit everything was passed on already.
+            Mode::Body(_) if truncated => None,
             Mode::Body(body) => {
                 let body = body.freeze();
                 let rewritten = match serde_json::from_slice::<Value>(&body) {
@@ -209,19 +253,29 @@ impl ResponseCapture {
         Finished {
             tail,
             assembled: assembler.finish(),
+            truncated,
         }
     }
 }
 
-/// Feeds one event to the assembler; the event's new bytes when fields were stripped from it.
-fn on_event(assembler: &mut Assembler, injected: &Injected, event: &SseEvent) -> Option<Bytes> {
+/// Feeds one event to the assembler (when there is one); the event's new bytes when fields were
+/// stripped from it.
+fn on_event(
+    assembler: Option<&mut Assembler>,
+    injected: &Injected,
+    event: &SseEvent,
+) -> Option<Bytes> {
     let data = event.data.as_ref()?;
     if event.is_done() {
-        assembler.on_done();
+        if let Some(assembler) = assembler {
+            assembler.on_done();
+        }
         return None;
     }
     let mut json: Value = serde_json::from_slice(data).ok()?;
-    assembler.on_event(event.event.as_deref(), &json);
+    if let Some(assembler) = assembler {
+        assembler.on_event(event.event.as_deref(), &json);
+    }
     if !strip::strip(&mut json, injected) {
         return None;
     }

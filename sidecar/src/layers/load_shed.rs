@@ -1,6 +1,11 @@
 //! Caps the API requests served at once. Past the cap a request is refused straight away with
 //! 503 and `Retry-After` instead of queueing: an agent retries, a queue would only add latency to
 //! everyone. Health and metrics endpoints are never shed.
+//!
+//! A call's permit is held until the client has its whole response *and* the upstream call has
+//! ended: a client that disconnects leaves an orphan that still reads its upstream response (so
+//! the step is recorded), and that orphan keeps counting against the cap — else bursts of
+//! resets would open upstream calls without limit while the gauge showed none.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,6 +19,12 @@ use super::ResponseFuture;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::route::Route;
+
+/// A call's share of the concurrency cap; the permit returns when the last copy drops.
+#[derive(Debug, Clone)]
+pub struct HeldPermit {
+    _permit: Arc<tokio::sync::OwnedSemaphorePermit>,
+}
 
 #[derive(Debug, Clone)]
 pub struct LoadShedLayer {
@@ -77,6 +88,12 @@ where
             };
             return Box::pin(async move { Ok(refused.into_response()) });
         };
+        let permit = HeldPermit {
+            _permit: Arc::new(permit),
+        };
+        let mut request = request;
+        // The forwarding task takes this copy and holds it until the upstream call has ended.
+        request.extensions_mut().insert(permit.clone());
         let response = self.inner.call(request);
         Box::pin(async move {
             let mut response = response.await?;

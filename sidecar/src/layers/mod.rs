@@ -1,6 +1,7 @@
 //! The tower layers a request passes through, one concern each. Their order is written down
 //! once, in [`crate::app::build`].
 
+pub mod agent_api;
 pub mod load_shed;
 pub mod observe;
 pub mod request_id;

@@ -11,11 +11,14 @@
 //!
 //! **The rewrite rule**: a model call (chat completions, completions, responses) whose `model`
 //! is `routing.base_model` or one of `routing.aliases` gets the tenant's live adapter as its
-//! `model`, or `base_model` when the tenant has none. A call that names any other model — another
-//! adapter, a different base — is forwarded as it came: an agent that asks for something specific
-//! gets it. Routing is off while `base_model` is unset.
+//! `model`, or `base_model` when the tenant has none. A call that names one of its own tenant's
+//! adapters (`tenant-a@v12`) is forwarded as it came and recorded as served by that version.
+//! Any other name — another tenant's adapter, a model the sidecar does not route — gets 404
+//! ([`models`]): a tenant is served only its own adapters and the base. Routing is off while
+//! `base_model` is unset; another tenant's adapter is refused then too.
 
 pub mod admin;
+pub mod models;
 pub mod rewrite;
 pub mod sync;
 pub mod table;

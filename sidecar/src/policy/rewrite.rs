@@ -4,10 +4,12 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use clawback_datapool::TenantId;
+use clawback_datapool::{PolicyRef, TenantId};
 use serde_json::Value;
 
+use super::models::own_adapter;
 use super::table::{Lease, Lookup, PolicyTable};
+use crate::error::ProxyError;
 
 /// Decides which model serves a tenant's call.
 pub struct Router {
@@ -22,9 +24,12 @@ pub struct Router {
 pub struct Routed {
     /// `model` was changed: the body must be serialised again.
     pub rewritten: bool,
-    /// The adapter serving the call, held until its response ends; `None` for the base model or
-    /// a call that named its own model.
+    /// The live adapter serving the call, held until its response ends; `None` for the base
+    /// model or a call that named an adapter version itself.
     pub lease: Option<Lease>,
+    /// The policy that serves the call, as the step records it: the live adapter's, or the one
+    /// the call named itself; `None` for the base model.
+    pub policy: Option<PolicyRef>,
 }
 
 impl Router {
@@ -45,13 +50,35 @@ impl Router {
         &self.table
     }
 
-    /// Rewrites `body["model"]` of a call of `tenant` per the rule.
-    pub fn route(&self, tenant: &TenantId, body: &mut Value) -> Routed {
+    /// Whether `tenant` may see (and call) `model`: the base model's names and its own
+    /// adapters.
+    pub fn visible(&self, tenant: &TenantId, model: &str) -> bool {
+        self.routable.contains(model) || matches!(own_adapter(tenant, model), Ok(Some(_)))
+    }
+
+    /// Rewrites `body["model"]` of a call of `tenant` per the rule; a model the tenant may not
+    /// call is refused.
+    pub fn route(&self, tenant: &TenantId, body: &mut Value) -> Result<Routed, ProxyError> {
         let Some(asked) = body.get("model").and_then(Value::as_str) else {
-            return Routed::default();
+            return Ok(Routed::default());
         };
         if !self.routable.contains(asked) {
-            return Routed::default();
+            let Some(named) = own_adapter(tenant, asked)? else {
+                return Err(ProxyError::ModelNotAvailable {
+                    model: asked.to_owned(),
+                });
+            };
+            // The live version named by its own name still counts as in flight on it, so the
+            // publisher does not unload it under the call.
+            let lease = match self.table.lease(tenant) {
+                Lookup::Live(lease) if lease.policy().adapter == asked => Some(lease),
+                _ => None,
+            };
+            return Ok(Routed {
+                rewritten: false,
+                lease,
+                policy: Some(named),
+            });
         }
         let (model, lease) = match self.table.lease(tenant) {
             Lookup::Base => (self.base_model.clone(), None),
@@ -61,7 +88,12 @@ impl Router {
         if rewritten {
             body["model"] = Value::String(model);
         }
-        Routed { rewritten, lease }
+        let policy = lease.as_ref().map(Lease::policy_ref);
+        Ok(Routed {
+            rewritten,
+            lease,
+            policy,
+        })
     }
 }
 
@@ -97,7 +129,7 @@ mod tests {
         let router = router();
         for asked in ["Qwen/Qwen3-8B", "default"] {
             let mut body = json!({"model": asked, "messages": []});
-            let routed = router.route(&tenant("acme"), &mut body);
+            let routed = router.route(&tenant("acme"), &mut body).unwrap();
             assert!(routed.rewritten);
             assert_eq!(body["model"], "acme@v3");
             let policy = routed.lease.map(|l| l.policy_ref());
@@ -109,28 +141,47 @@ mod tests {
     fn a_tenant_without_an_adapter_gets_the_base_under_its_real_name() {
         let router = router();
         let mut body = json!({"model": "default"});
-        let routed = router.route(&tenant("plain"), &mut body);
+        let routed = router.route(&tenant("plain"), &mut body).unwrap();
         assert!(routed.rewritten && routed.lease.is_none());
         assert_eq!(body["model"], "Qwen/Qwen3-8B");
 
         let mut body = json!({"model": "Qwen/Qwen3-8B"});
-        let routed = router.route(&tenant("plain"), &mut body);
+        let routed = router.route(&tenant("plain"), &mut body).unwrap();
         assert!(!routed.rewritten && routed.lease.is_none());
     }
 
     #[test]
-    fn a_call_that_names_another_model_is_left_alone() {
+    fn a_call_that_names_its_own_adapter_is_left_alone_and_records_it() {
         let router = router();
-        for mut body in [
-            json!({"model": "acme@v1"}),
-            json!({"model": "gpt-4o"}),
-            json!({"messages": []}),
-            json!({"model": 7}),
-        ] {
+        for (asked, leased) in [("acme@v3", true), ("acme@v1", false)] {
+            let mut body = json!({"model": asked});
+            let routed = router.route(&tenant("acme"), &mut body).unwrap();
+            assert!(!routed.rewritten);
+            assert_eq!(routed.lease.is_some(), leased, "{asked}");
+            assert_eq!(routed.policy.map(|p| p.adapter).as_deref(), Some(asked));
+            assert_eq!(body["model"], asked);
+        }
+        for mut body in [json!({"messages": []}), json!({"model": 7})] {
             let before = body.clone();
-            let routed = router.route(&tenant("acme"), &mut body);
-            assert!(!routed.rewritten && routed.lease.is_none());
+            let routed = router.route(&tenant("acme"), &mut body).unwrap();
+            assert!(!routed.rewritten && routed.policy.is_none());
             assert_eq!(body, before);
         }
+    }
+
+    #[test]
+    fn another_tenants_adapter_or_an_unknown_model_is_refused() {
+        let router = router();
+        for asked in ["acme@v3", "gpt-4o", "plain@v1"] {
+            let mut body = json!({"model": asked});
+            let refused = router.route(&tenant("bravo"), &mut body);
+            assert!(
+                matches!(refused, Err(ProxyError::ModelNotAvailable { .. })),
+                "{asked}"
+            );
+        }
+        assert!(router.visible(&tenant("acme"), "acme@v1"));
+        assert!(router.visible(&tenant("acme"), "default"));
+        assert!(!router.visible(&tenant("bravo"), "acme@v3"));
     }
 }

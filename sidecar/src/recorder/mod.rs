@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use clawback_datapool::{
     AssistantOutput, Complete, CompletionReason, Endpoint, GroupId, GroupMembership, NextState,
     PolicyRef, Step, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory,
-    TrajectoryId, UnixMs, UpstreamRef, Usage, WriteOp, SCHEMA_VERSION,
+    TrajectoryId, UnixMs, UpstreamRef, Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -52,6 +52,9 @@ pub struct Call {
     pub traceparent: Option<String>,
     /// The adapter the call was routed to; `None`: the base model.
     pub policy: Option<PolicyRef>,
+    /// A redaction rule matched the request: the step keeps no engine tokens (they would
+    /// spell what was redacted).
+    pub redacted: bool,
 }
 
 /// What the upstream answered, assembled whole.
@@ -66,6 +69,8 @@ pub struct Outcome {
     pub finished_at: UnixMs,
     /// The response arrived whole (`[DONE]`, `response.completed`, a full body).
     pub complete: bool,
+    /// Larger than `recording.max_step_bytes`: only its beginning was assembled.
+    pub truncated: bool,
 }
 
 /// A call being forwarded with recording on: what [`Recorder::finish`] needs once its response
@@ -98,11 +103,14 @@ impl Pending {
             model,
         };
         Tap {
-            capture: capture.response(is_sse),
+            capture: capture
+                .response(is_sse)
+                .with_limit(recorder.config.max_step_bytes),
             record: Box::new(move |recorded: Recorded| {
                 let assembled = recorded.assembled;
-                let complete =
-                    recorded.end == RelayEnd::Complete && assembled.ending == Ending::Complete;
+                let complete = recorded.end == RelayEnd::Complete
+                    && assembled.ending == Ending::Complete
+                    && !recorded.truncated;
                 let outcome = Outcome {
                     output: assembled.output,
                     tokens: assembled.engine.map_or(Tokens::None, Tokens::Engine),
@@ -112,6 +120,7 @@ impl Pending {
                     first_token_at: recorded.first_byte_at,
                     finished_at: UnixMs::now(),
                     complete,
+                    truncated: recorded.truncated,
                 };
                 recorder.finish(call, outcome);
             }),
@@ -252,9 +261,7 @@ impl Recorder {
         };
         let unredacted = (!self.redactor.is_empty()).then(|| history.clone());
         let mut request = request::step_request(history, body);
-        for message in &mut request.messages {
-            self.redactor.value(message);
-        }
+        let redacted = self.redactor.request(&mut request);
         let history = unredacted.as_deref().unwrap_or(&request.messages);
         let mut sessions = self.sessions();
         let known = match (&hints.session, &stitched) {
@@ -273,7 +280,7 @@ impl Recorder {
         });
         let trajectory = match known {
             Some(id) => id,
-            None => self.open(&mut sessions, &tenant, hints, body),
+            None => self.open(&mut sessions, &tenant, hints, MetadataOrigin::Agent(body)),
         };
         let mut next_state = None;
         if let Some(live) = sessions.live.get_mut(&trajectory) {
@@ -283,7 +290,9 @@ impl Recorder {
                 let added = match &stitched {
                     Some(continuation) if known.is_some() => {
                         let mut added = continuation.next_state(history).to_vec();
-                        added.iter_mut().for_each(|m| self.redactor.value(m));
+                        added.iter_mut().for_each(|m| {
+                            self.redactor.value(m);
+                        });
                         added
                     }
                     _ => added_messages(&request.messages, live.covered),
@@ -318,6 +327,7 @@ impl Recorder {
             started_at: UnixMs::now(),
             traceparent,
             policy: None,
+            redacted,
         }
     }
 
@@ -327,7 +337,7 @@ impl Recorder {
         sessions: &mut Sessions,
         tenant: &TenantId,
         hints: &Hints,
-        body: &Value,
+        origin: MetadataOrigin<'_>,
     ) -> TrajectoryId {
         // Always a fresh id: a session name that was a trajectory id (the handshake's base_url,
         // used again after completion) must not append to a finished trajectory.
@@ -342,8 +352,23 @@ impl Recorder {
                 .insert("session_source".to_owned(), json!(source.as_str()));
             sessions.by_name.insert((tenant.clone(), name.clone()), id);
         }
-        if let Some(Value::Object(metadata)) = body.get("metadata") {
-            merge_metadata(&mut trajectory.metadata, metadata);
+        match origin {
+            MetadataOrigin::Trusted(metadata) => {
+                let mut metadata = Value::Object(metadata.clone());
+                self.redactor.value(&mut metadata);
+                if let Value::Object(metadata) = &metadata {
+                    merge_metadata(&mut trajectory.metadata, metadata);
+                }
+            }
+            MetadataOrigin::Agent(body) => {
+                if let Some(metadata @ Value::Object(_)) = body.get("metadata") {
+                    let mut metadata = metadata.clone();
+                    self.redactor.value(&mut metadata);
+                    trajectory
+                        .metadata
+                        .insert(AGENT_METADATA_KEY.to_owned(), metadata);
+                }
+            }
         }
         if let Some((group, size)) = &hints.group {
             let group_id = named_group(tenant, group);
@@ -391,7 +416,7 @@ impl Recorder {
             &mut sessions,
             &tenant,
             &hints,
-            &json!({ "metadata": metadata }),
+            MetadataOrigin::Trusted(&metadata),
         );
         sessions.by_name.insert((tenant, id.to_string()), id);
         id
@@ -411,11 +436,11 @@ impl Recorder {
             self.stitcher().remember_keys(call.trajectory, keys);
         }
         let mut output = outcome.output;
-        if let Some(content) = output.content.as_mut() {
-            self.redactor.text(content);
-        }
-        for call_value in &mut output.tool_calls {
-            self.redactor.value(call_value);
+        let mut tokens = outcome.tokens;
+        // A truncated answer's tokens would describe only part of it (and tokens spell what
+        // redaction removed from the text).
+        if self.redactor.output(&mut output) || call.redacted || outcome.truncated {
+            tokens = Tokens::None;
         }
         let covered = call.request.messages.len() + 1;
         let (index, step_id) = {
@@ -445,7 +470,7 @@ impl Recorder {
             endpoint: call.endpoint,
             request: call.request,
             output,
-            tokens: outcome.tokens,
+            tokens,
             policy: call.policy,
             upstream: outcome.upstream,
             finish_reason: outcome.finish_reason,
@@ -457,6 +482,7 @@ impl Recorder {
             },
             next_state: None,
             traceparent: call.traceparent,
+            truncated: outcome.truncated,
         };
         self.metrics.steps_recorded.inc();
         if let Some(filters) = self.filters.get() {
@@ -652,7 +678,14 @@ fn added_messages(messages: &[Value], covered: usize) -> Vec<Value> {
     messages[after_last_reply..].to_vec()
 }
 
-/// Copies the call's `metadata` onto the trajectory, leaving the sidecar's own keys.
+/// Where a new trajectory's metadata comes from: the handshake API (trusted, top-level keys) or
+/// an agent's request body (kept under [`AGENT_METADATA_KEY`], never shown to plugins).
+enum MetadataOrigin<'a> {
+    Trusted(&'a Map<String, Value>),
+    Agent(&'a Value),
+}
+
+/// Copies trusted `metadata` onto the trajectory, leaving the sidecar's own keys.
 fn merge_metadata(into: &mut Map<String, Value>, from: &Map<String, Value>) {
     for (key, value) in from {
         into.entry(key.clone()).or_insert_with(|| value.clone());

@@ -46,10 +46,10 @@ async fn a_refused_connection_fails_over_and_ejects_the_dead_engine() {
 }
 
 #[tokio::test]
-async fn a_run_of_server_errors_ejects_an_engine_without_replaying_requests() {
+async fn a_run_of_gateway_failures_ejects_an_engine_without_replaying_requests() {
     let failing = MockUpstream::start().await;
     failing.set_behaviour(Behaviour {
-        fail_with: Some(500),
+        fail_with: Some(503),
         ..Behaviour::default()
     });
     let healthy = MockUpstream::start().await;
@@ -61,11 +61,11 @@ async fn a_run_of_server_errors_ejects_an_engine_without_replaying_requests() {
 
     let mut server_errors = 0;
     for _ in 0..12 {
-        if post_chat(&sidecar, false).await.status() == 500 {
+        if post_chat(&sidecar, false).await.status() == 503 {
             server_errors += 1;
         }
     }
-    // Each 500 reached the agent as the engine's answer; none was retried elsewhere.
+    // Each 503 reached the agent as the engine's answer; none was retried elsewhere.
     assert_eq!(server_errors, 2);
     assert_eq!(failing.request_count(), 2);
     assert_eq!(healthy.request_count(), 10);

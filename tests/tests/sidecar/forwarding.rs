@@ -158,9 +158,12 @@ async fn the_session_path_form_is_stripped_before_forwarding() {
 }
 
 #[tokio::test]
-async fn other_v1_paths_pass_through_with_method_and_query() {
+async fn allowed_v1_paths_pass_through_with_method_and_query() {
     let engine = MockUpstream::start().await;
-    let sidecar = Sidecar::start(transparent(&engine)).await;
+    let mut config = transparent(&engine);
+    // Not in the default allow-list: an operator widens it.
+    config.agent_api.allow.push("DELETE /v1/files/*".to_owned());
+    let sidecar = Sidecar::start(config).await;
 
     let response = client()
         .post(sidecar.url("/v1/embeddings?dimensions=8"))

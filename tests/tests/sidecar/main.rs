@@ -9,4 +9,5 @@ mod redis;
 mod routing;
 mod sdk;
 mod support;
+mod tenancy;
 mod viewer;

@@ -126,7 +126,7 @@ async fn a_tenant_without_a_policy_is_served_by_the_base_model() {
 }
 
 #[tokio::test]
-async fn a_switch_in_redis_moves_the_next_calls_to_the_adapter_but_not_calls_naming_a_model() {
+async fn a_switch_in_redis_moves_the_next_calls_to_the_adapter_but_not_calls_naming_a_version() {
     let redis = RedisServer::start();
     let engine = MockUpstream::start().await;
     let sidecar = Sidecar::start(routing_config(&engine, Some(&redis))).await;
@@ -137,12 +137,13 @@ async fn a_switch_in_redis_moves_the_next_calls_to_the_adapter_but_not_calls_nam
     wait_for_version(&sidecar, 1).await;
     assert_eq!(call(&sidecar, &engine, BASE).await, "default@v1");
     assert_eq!(call(&sidecar, &engine, "default-model").await, "default@v1");
-    // A call that names another model gets that model.
-    assert_eq!(call(&sidecar, &engine, "other-model").await, "other-model");
+    // A call that names one of its tenant's versions gets that version.
+    assert_eq!(call(&sidecar, &engine, "default@v1").await, "default@v1");
 
     trainer.set_policy_version(&policy(2)).await.unwrap();
     wait_for_version(&sidecar, 2).await;
     assert_eq!(call(&sidecar, &engine, BASE).await, "default@v2");
+    assert_eq!(call(&sidecar, &engine, "default@v1").await, "default@v1");
     let metrics = client()
         .get(sidecar.url("/metrics"))
         .send()

@@ -32,7 +32,8 @@ pub async fn load_adapter(app: &Arc<App>, body: &[u8]) -> Reply {
             "Both 'lora_name' and 'lora_path' must be provided.".to_owned(),
         ));
     };
-    app.load_adapter(name.clone(), PathBuf::from(path)).await?;
+    app.load_requested_adapter(name.clone(), PathBuf::from(path))
+        .await?;
     let message = format!("Success: LoRA adapter '{name}' added successfully.");
     Ok(text_response(StatusCode::OK, message))
 }

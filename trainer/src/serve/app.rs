@@ -19,6 +19,7 @@ use crate::lora::LoraAdapter;
 use crate::model::{Model, ModelError, Placement};
 use crate::tokenizer::Tokenizer;
 
+use super::adapter_roots::{check_name, RuntimeAdapters};
 use super::engine::{Command, Event, Job, ModelEntry, Sampling};
 use super::error::ServeError;
 
@@ -33,7 +34,8 @@ pub struct App {
     placement: Placement,
     worker: mpsc::Sender<Command>,
     ids: AtomicU64,
-    lora_resolver_dir: Option<PathBuf>,
+    /// Where runtime loads (the API, the resolver) may read adapters from, and how many.
+    runtime: RuntimeAdapters,
 }
 
 impl App {
@@ -44,7 +46,7 @@ impl App {
         base_name: String,
         placement: Placement,
         worker: mpsc::Sender<Command>,
-        lora_resolver_dir: Option<PathBuf>,
+        runtime: RuntimeAdapters,
     ) -> Self {
         let mut stop_token_ids = config.eos_token_ids.clone();
         if let Some(eos) = &template.special_tokens().eos_token {
@@ -61,7 +63,7 @@ impl App {
             placement,
             worker,
             ids: AtomicU64::new(unix_nanos()),
-            lora_resolver_dir,
+            runtime,
         }
     }
 
@@ -99,17 +101,24 @@ impl App {
         }
     }
 
-    /// The resolver's folder for `name`: a single plain path component (never `..` or a
-    /// path) naming a directory with an `adapter_config.json`.
+    /// The resolver's folder for `name`: a plain id (never `..`, a path or another spelling of
+    /// one) naming a directory with an `adapter_config.json` that is, links resolved, inside
+    /// the adapter roots.
     fn resolvable(&self, name: &str) -> Option<PathBuf> {
-        let root = self.lora_resolver_dir.as_ref()?;
-        let mut components = std::path::Path::new(name).components();
-        let plain = matches!(
-            (components.next(), components.next()),
-            (Some(std::path::Component::Normal(_)), None)
-        );
-        let dir = root.join(name);
-        (plain && dir.join("adapter_config.json").is_file()).then_some(dir)
+        let root = self.runtime.resolver_dir.as_ref()?;
+        check_name(name).ok()?;
+        let dir = self.runtime.roots.resolve(&root.join(name))?;
+        dir.join("adapter_config.json").is_file().then_some(dir)
+    }
+
+    /// A load asked for over the API: only from the adapter roots, under a plain name.
+    pub async fn load_requested_adapter(
+        self: &Arc<Self>,
+        name: String,
+        path: PathBuf,
+    ) -> Result<(), ServeError> {
+        let path = self.runtime.roots.check(&name, &path)?;
+        self.load_adapter(name, path).await
     }
 
     async fn submit(
@@ -137,14 +146,21 @@ impl App {
         listed.await.map_err(|_| ServeError::WorkerGone)
     }
 
-    /// Loads a PEFT adapter from `path` and serves it as `name`.
+    /// Loads a PEFT adapter from `path` and serves it as `name`, within the cap on loaded
+    /// adapters.
     pub async fn load_adapter(
         self: &Arc<Self>,
         name: String,
         path: PathBuf,
     ) -> Result<(), ServeError> {
-        if self.models().await?.iter().any(|m| m.id == name) {
+        let models = self.models().await?;
+        if models.iter().any(|m| m.id == name) {
             return Err(ServeError::AdapterExists(name));
+        }
+        // The base model is one of the entries.
+        let loaded = models.len().saturating_sub(1);
+        if loaded >= self.runtime.max_loaded {
+            return Err(ServeError::TooManyAdapters { loaded });
         }
         let app = Arc::clone(self);
         let dir = path.clone();

@@ -28,6 +28,10 @@ pub enum ServeError {
         #[source]
         source: Box<LoraError>,
     },
+    #[error("The lora adapter path '{path}' is not an adapter folder under this server's adapter roots (--lora-root).")]
+    AdapterPathRefused { path: String },
+    #[error("{loaded} lora adapters are loaded, the most this server holds (--max-loaded-adapters); unload one first.")]
+    TooManyAdapters { loaded: usize },
     #[error("cannot load model weights from {path}: {source}")]
     WeightsLoad {
         path: String,
@@ -57,12 +61,16 @@ impl ServeError {
         match self {
             Self::BadRequest(_)
             | Self::AdapterExists(_)
+            | Self::TooManyAdapters { .. }
             | Self::AdapterLoad { .. }
             | Self::WeightsLoad { .. }
             | Self::IncompatibleWeights { .. }
             | Self::Template(_)
             | Self::Tokenizer(_) => StatusCode::BAD_REQUEST,
-            Self::ModelNotFound(_) | Self::AdapterNotFound(_) => StatusCode::NOT_FOUND,
+            // vLLM answers a bad adapter path with 404.
+            Self::ModelNotFound(_) | Self::AdapterNotFound(_) | Self::AdapterPathRefused { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::Generation(_) | Self::WorkerGone | Self::Bind { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

@@ -18,6 +18,7 @@
 //! | `engine.rs` | the model worker thread: admission, interleaved decoding, swaps |
 //! | `error.rs` | `ServeError` and its HTTP mapping |
 
+mod adapter_roots;
 mod admin;
 mod app;
 mod chat;
@@ -59,6 +60,11 @@ pub struct ServeOptions {
     /// the server does not know, named like a PEFT folder in this directory, loads that folder
     /// as the adapter first. A restarted server thus serves the adapters published before it.
     pub lora_resolver_dir: Option<PathBuf>,
+    /// Folders `/v1/load_lora_adapter` may load from (the resolver directory is one too);
+    /// without any, runtime loading is refused.
+    pub lora_roots: Vec<PathBuf>,
+    /// Adapters loaded at once; a load past it is refused until one is unloaded.
+    pub max_loaded_adapters: usize,
 }
 
 /// A running server.
@@ -77,6 +83,8 @@ impl Server {
             max_num_seqs,
             addr,
             lora_resolver_dir,
+            lora_roots,
+            max_loaded_adapters,
         } = options;
         let base_name = served_model_name.unwrap_or_else(|| model.display().to_string());
         let dir = model.clone();
@@ -103,7 +111,7 @@ impl Server {
             base_name,
             placement,
             worker,
-            lora_resolver_dir,
+            adapter_roots::RuntimeAdapters::new(lora_resolver_dir, lora_roots, max_loaded_adapters),
         ));
         for (name, path) in adapters {
             app.load_adapter(name, path).await?;

@@ -54,12 +54,13 @@ pub async fn start(
     }
     let room = max_len.saturating_sub(prompt.len());
     let max_tokens = checked.max_tokens.unwrap_or(room);
-    if prompt.len() + max_tokens > max_len || room == 0 {
+    // `max_tokens` comes from the request: near usize::MAX the sum would wrap and pass.
+    if max_tokens > room || room == 0 {
         return Err(ServeError::BadRequest(format!(
             "This model's maximum context length is {max_len} tokens. However, you requested \
              {} tokens ({} in the {prompt_kind}, {max_tokens} in the completion). Please reduce \
              the length of the {prompt_kind} or completion.",
-            prompt.len() + max_tokens,
+            prompt.len().saturating_add(max_tokens),
             prompt.len()
         )));
     }

@@ -93,6 +93,9 @@ pub async fn start_with_resolver(dir: &Path, resolver: Option<PathBuf>) -> Serve
         max_num_seqs: 8,
         addr: "127.0.0.1:0".parse().unwrap(),
         lora_resolver_dir: resolver,
+        // The tests write their adapters beside the model.
+        lora_roots: vec![dir.to_owned()],
+        max_loaded_adapters: 8,
     })
     .await
     .unwrap()

@@ -1,0 +1,488 @@
+//! Tenant boundaries against a hostile agent: each test replays an attack a tenant's agent could
+//! make with its own API key and shows it fail — engine control routes, other tenants' adapters,
+//! a model list that gives paths away, unknown keys, requests that trip upstream health, orphaned
+//! calls beyond the cap, silent connections, and answers too large to hold.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawback_datapool::{Store, TenantId, TrajectoryRecord};
+use clawback_sidecar::config::{Config, Overrides};
+use clawback_sidecar::tenant::key_hash;
+use clawback_tests::harness::{test_config, Sidecar};
+use clawback_tests::mock::{Behaviour, Hold, MockUpstream};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::{assert_openai_error, client, eventually, poll, post_chat, store};
+
+const ALPHA_KEY: &str = "sk-alpha-0123456789";
+const BRAVO_KEY: &str = "sk-bravo-0123456789";
+
+/// Two tenants with keys, routing on with `mock-llama` as the base model, unknown keys refused.
+fn two_tenants(engine: &MockUpstream) -> Config {
+    let mut config = test_config(&[engine.url()]);
+    config
+        .tenants
+        .keys
+        .insert(key_hash(ALPHA_KEY), "alpha".to_owned());
+    config
+        .tenants
+        .keys
+        .insert(key_hash(BRAVO_KEY), "bravo".to_owned());
+    config.tenants.default = None;
+    config.routing.base_model = Some("mock-llama".to_owned());
+    config.routing.poll_interval = Duration::from_millis(50);
+    config.upstream_api_key = Some("sidecar-own-engine-credential".to_owned());
+    config
+}
+
+async fn chat_as(sidecar: &Sidecar, key: &str, model: &str) -> reqwest::Response {
+    client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .header("x-clawback-done", "true")
+        .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("the sidecar answers")
+}
+
+#[tokio::test]
+async fn an_agent_cannot_reach_the_engines_adapter_or_weight_routes() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(two_tenants(&engine)).await;
+    let lora = json!({"lora_name": "bravo@v1", "lora_path": "/tmp/attacker"});
+    for (path, code) in [
+        ("/v1/load_lora_adapter", "engine_control_route"),
+        ("/v1/unload_lora_adapter", "engine_control_route"),
+        ("/s/sess-1/v1/load_lora_adapter", "engine_control_route"),
+        ("/v1/update_weights_from_disk", "engine_control_route"),
+        ("/v1/reset_prefix_cache", "engine_control_route"),
+        // Percent-escapes an engine would decode into another route match nothing allowed.
+        ("/v1/load%5Flora_adapter", "engine_control_route"),
+        ("/v1/chat%2Fcompletions", "not_agent_api"),
+        ("/v1/files", "not_agent_api"),
+    ] {
+        for key in [Some(ALPHA_KEY), None] {
+            let mut request = client().post(sidecar.url(path)).json(&lora);
+            if let Some(key) = key {
+                request = request.bearer_auth(key);
+            }
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            assert!(status == 403 || status == 404, "{path}: {status}");
+            assert_openai_error(&response.json().await.unwrap(), code);
+        }
+    }
+    assert_eq!(
+        engine.request_count(),
+        0,
+        "nothing reached the engine, least of all with the sidecar's credential"
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_is_served_only_its_own_adapters_and_records_the_one_it_named() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(two_tenants(&engine)).await;
+    for model in ["bravo@v1", "gpt-4o"] {
+        let refused = chat_as(&sidecar, ALPHA_KEY, model).await;
+        assert_eq!(refused.status(), 404, "{model}");
+        assert_openai_error(&refused.json().await.unwrap(), "model_not_found");
+    }
+    assert_eq!(engine.request_count(), 0);
+
+    let own = chat_as(&sidecar, ALPHA_KEY, "alpha@v1").await;
+    assert_eq!(own.status(), 200);
+    let sent: Value = serde_json::from_slice(&engine.received()[0].body).unwrap();
+    assert_eq!(sent["model"], "alpha@v1");
+    let alpha = TenantId::new("alpha").unwrap();
+    let record = one_record(&store(&sidecar), &alpha).await;
+    let policy = record.steps[0]
+        .policy
+        .as_ref()
+        .expect("the step names its policy");
+    assert_eq!((policy.adapter.as_str(), policy.version), ("alpha@v1", 1));
+}
+
+#[tokio::test]
+async fn another_tenants_adapter_is_refused_with_routing_and_recording_off() {
+    let engine = MockUpstream::start().await;
+    let mut config = two_tenants(&engine);
+    config.routing.base_model = None;
+    config.recording.enabled = false;
+    let sidecar = Sidecar::start(config).await;
+    let refused = chat_as(&sidecar, ALPHA_KEY, "bravo@v3").await;
+    assert_eq!(refused.status(), 404);
+    assert_eq!(
+        chat_as(&sidecar, ALPHA_KEY, "mock-llama").await.status(),
+        200
+    );
+    assert_eq!(engine.request_count(), 1);
+}
+
+#[tokio::test]
+async fn the_model_list_shows_a_tenant_what_it_may_call_and_no_paths() {
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        loaded_adapters: vec!["alpha@v2".to_owned(), "bravo@v1".to_owned()],
+        ..Behaviour::default()
+    });
+    let sidecar = Sidecar::start(two_tenants(&engine)).await;
+    let list: Value = client()
+        .get(sidecar.url("/v1/models"))
+        .bearer_auth(ALPHA_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .expect("a model list")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["mock-llama", "alpha@v2"]);
+    let text = list.to_string();
+    assert!(
+        !text.contains("/var/lib") && !text.contains("/models/"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn with_the_default_tenant_off_unknown_keys_get_401() {
+    let engine = MockUpstream::start().await;
+    let mut base = test_config(&[engine.url()]);
+    base.recording.enabled = false;
+    // The documented way: `tenants.default = false` in the file, env or --set.
+    let overrides = Overrides {
+        set: vec![
+            "tenants.default=false".to_owned(),
+            format!("upstreams=[\"{}\"]", engine.url()),
+            "recording.enabled=false".to_owned(),
+            "listen=\"127.0.0.1:0\"".to_owned(),
+        ],
+        ..Overrides::default()
+    };
+    let loaded = Config::load(None, &overrides).expect("config loads");
+    assert_eq!(loaded.tenants.default, None);
+    let config = Config {
+        tenants: loaded.tenants,
+        ..base
+    };
+    let sidecar = Sidecar::start(config).await;
+    for key in [Some("sk-nobody"), None] {
+        let mut request = client()
+            .post(sidecar.url("/v1/chat/completions"))
+            .json(&json!({"model": "mock-llama", "messages": []}));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 401);
+        assert_openai_error(&response.json().await.unwrap(), "invalid_api_key");
+    }
+    assert_eq!(engine.request_count(), 0);
+}
+
+#[tokio::test]
+async fn requests_that_make_the_engine_fail_eject_no_one() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.health.eject_after_5xx = 3;
+    let sidecar = Sidecar::start(config).await;
+    // An input that breaks the engine: vLLM answers 500, 400 or 422. Many times over.
+    for status in [500, 500, 500, 400, 422, 500] {
+        engine.set_behaviour(Behaviour {
+            fail_with: Some(status),
+            ..Behaviour::default()
+        });
+        assert_eq!(post_chat(&sidecar, false).await.status(), status);
+    }
+    engine.set_behaviour(Behaviour::default());
+    assert_eq!(sidecar.app.pool.healthy_count(), 1);
+    assert_eq!(post_chat(&sidecar, false).await.status(), 200);
+    let ready = client().get(sidecar.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
+#[tokio::test]
+async fn with_the_only_engine_ejected_for_failures_calls_still_reach_it() {
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        fail_with: Some(503),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.health.eject_after_5xx = 2;
+    config.health.ejection = Duration::from_secs(60);
+    let sidecar = Sidecar::start(config).await;
+    for _ in 0..2 {
+        assert_eq!(post_chat(&sidecar, false).await.status(), 503);
+    }
+    assert_eq!(sidecar.app.pool.healthy_count(), 0);
+    engine.set_behaviour(Behaviour::default());
+    // Panic mode: ejected, but the last one left, so it still serves.
+    assert_eq!(post_chat(&sidecar, false).await.status(), 200);
+    let ready: Value = client()
+        .get(sidecar.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["status"], "panic_mode");
+}
+
+/// Starts a streamed call and leaves after its first bytes; the engine holds the rest.
+async fn leave_after_first_bytes(sidecar: &Sidecar) {
+    let response = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&json!({"model": "mock-llama", "stream": true,
+                      "messages": [{"role": "user", "content": "a long story"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    use futures_util::StreamExt;
+    let _ = body.next().await;
+    drop(body);
+}
+
+#[tokio::test]
+async fn orphaned_calls_hold_their_concurrency_permit_and_have_a_cap_of_their_own() {
+    let engine = MockUpstream::start().await;
+    let hold = Hold::after_chunks(1);
+    engine.set_behaviour(Behaviour {
+        hold: Some(hold.clone()),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_concurrent_requests = 2;
+    config.limits.max_orphaned_calls = 1;
+    let sidecar = Sidecar::start(config).await;
+    for _ in 0..2 {
+        leave_after_first_bytes(&sidecar).await;
+    }
+    // Two clients gone while the engine is silent: one orphan drains, the other was cut off.
+    let metrics = &sidecar.app.metrics;
+    assert!(eventually(Duration::from_secs(5), || metrics.orphans_cut.get() == 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), || metrics.orphaned_streams.get()
+            == 1)
+        .await
+    );
+    // The orphan holds one of the two permits: one call that stays takes the other...
+    let staying = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&json!({"model": "mock-llama", "stream": true,
+                      "messages": [{"role": "user", "content": "stay"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(staying.status(), 200);
+    // ...and the next is shed.
+    let shed = post_chat(&sidecar, false).await;
+    assert_eq!(
+        shed.status(),
+        503,
+        "the orphan still counts against the cap"
+    );
+    hold.release();
+    let _ = staying.bytes().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || engine.completed() >= 2).await,
+        "the orphan and the call that stayed were read to their end"
+    );
+    poll("a permit back", || async {
+        let response = post_chat(&sidecar, false).await;
+        (response.status() == 200).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn connections_that_send_no_request_are_closed_after_header_read() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.timeouts.header_read = Duration::from_millis(300);
+    config.timeouts.idle_connection = Duration::from_millis(600);
+    let sidecar = Sidecar::start(config).await;
+    let closed_within = |mut socket: tokio::net::TcpStream| async move {
+        let mut buf = [0u8; 1024];
+        let read = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => return true,
+                    Ok(_) => continue,
+                }
+            }
+        });
+        read.await.unwrap_or(false)
+    };
+    // Nothing at all.
+    let silent = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
+    assert!(closed_within(silent).await, "a silent connection was kept");
+    // Only the h2 preface and an empty SETTINGS frame.
+    let mut preface = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(preface).await,
+        "an h2 preface held a connection"
+    );
+    // A keep-alive connection after its request: closed once idle.
+    let mut idle = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(closed_within(idle).await, "an idle connection was kept");
+    // The sidecar still serves.
+    assert_eq!(post_chat(&sidecar, false).await.status(), 200);
+}
+
+/// The one trajectory of `tenant`, once it has a step.
+async fn one_record(store: &Arc<dyn Store>, tenant: &TenantId) -> TrajectoryRecord {
+    poll("a recorded step", || async {
+        let headers = store.list_trajectories(tenant, None, 10).await.ok()?;
+        let record = store
+            .trajectory(tenant, &headers.first()?.id)
+            .await
+            .ok()??;
+        (!record.steps.is_empty()).then_some(record)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_answer_over_the_step_cap_reaches_the_agent_whole_and_is_stored_truncated() {
+    // About 1 MB in 1,000 tokens of 1,000 bytes; the cap is 64 kB.
+    let answer = format!("{} ", "x".repeat(999)).repeat(1000);
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        answer_text: Some(answer.clone()),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.recording.max_step_bytes = 64 << 10;
+    let sidecar = Sidecar::start(config).await;
+    let tenant = TenantId::new("default").unwrap();
+
+    for stream in [false, true] {
+        let response = client()
+            .post(sidecar.url("/v1/chat/completions"))
+            .header("x-clawback-session", format!("big-{stream}"))
+            .json(&json!({"model": "mock-llama", "stream": stream,
+                          "messages": [{"role": "user", "content": "say a lot"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.bytes().await.unwrap();
+        let received: String = if stream {
+            crate::support::sse_data(&body)
+                .iter()
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .filter_map(|c| {
+                    c["choices"][0]["delta"]["content"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .collect()
+        } else {
+            // Past the cap a plain body is no longer held to strip what the sidecar asked for:
+            // it passes as the engine sent it (documented in crate::capture).
+            let json: Value = serde_json::from_slice(&body).unwrap();
+            json["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(received.len(), answer.len(), "stream={stream}");
+    }
+    let store = store(&sidecar);
+    let steps = poll("both steps", || async {
+        let headers = store.list_trajectories(&tenant, None, 10).await.ok()?;
+        let mut steps = Vec::new();
+        for header in headers {
+            steps.extend(store.trajectory(&tenant, &header.id).await.ok()??.steps);
+        }
+        (steps.len() == 2).then_some(steps)
+    })
+    .await;
+    for step in steps {
+        assert!(step.truncated, "step {} is flagged", step.index);
+        assert!(!step.trainable);
+        assert_eq!(step.tokens, clawback_datapool::Tokens::None);
+        let stored = step.output.content.as_deref().unwrap_or_default().len();
+        assert!(stored <= 64 << 10, "{stored} bytes stored");
+    }
+}
+
+#[tokio::test]
+async fn a_secret_is_redacted_from_every_stored_field_and_takes_the_tokens_with_it() {
+    const SECRET: &str = "sk-live-0123456789abcdef";
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        answer_text: Some(format!("Your key is {SECRET}, keep it safe.")),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.recording.redact = vec![clawback_sidecar::config::Redaction {
+        pattern: r"sk-live-[0-9a-f]{16}".to_owned(),
+        replacement: "[REDACTED]".to_owned(),
+    }];
+    let sidecar = Sidecar::start(config).await;
+    let tools = json!([{"type": "function", "function": {"name": "login",
+        "description": format!("Logs in with {SECRET}."),
+        "parameters": {"type": "object", "properties": {}}}}]);
+    for turn in 0..2 {
+        let mut messages = vec![json!({"role": "user", "content": format!("my key: {SECRET}")})];
+        if turn == 1 {
+            messages.push(json!({"role": "assistant", "content": format!("Your key is {SECRET}, keep it safe.")}));
+            messages.push(json!({"role": "user", "content": format!("again {SECRET}")}));
+        }
+        let response = client()
+            .post(sidecar.url("/v1/chat/completions"))
+            .header("x-clawback-session", "leaky")
+            .json(
+                &json!({"model": "mock-llama", "messages": messages, "tools": tools,
+                          "tool_choice": "none", "api_key": SECRET, "stop": [SECRET],
+                          "metadata": {"note": SECRET}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.text().await.unwrap();
+        assert!(
+            body.contains(SECRET),
+            "the agent's own answer is not redacted"
+        );
+    }
+    let tenant = TenantId::new("default").unwrap();
+    let store = store(&sidecar);
+    let record = poll("two steps with a next state", || async {
+        let record = one_record(&store, &tenant).await;
+        (record.steps.len() == 2 && record.steps[0].next_state.is_some()).then_some(record)
+    })
+    .await;
+    let stored = serde_json::to_string(&record).unwrap();
+    assert!(!stored.contains(SECRET), "{stored}");
+    assert!(!stored.contains("0123456789abcdef"), "{stored}");
+    for step in &record.steps {
+        assert_eq!(
+            step.tokens,
+            clawback_datapool::Tokens::None,
+            "token ids would spell the secret"
+        );
+    }
+}
