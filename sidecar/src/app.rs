@@ -59,6 +59,8 @@ pub struct App {
     pub tenants: TenantResolver,
     /// The routes the agent port forwards.
     pub agent_api: AllowList,
+    /// The admin API's tokens and their scopes.
+    pub admin: crate::handshake::auth::AdminAuth,
     /// `None` when `recording.enabled` is off.
     pub recorder: Option<Arc<Recorder>>,
     /// `None` when routing is off (`routing.base_model` unset).
@@ -110,6 +112,7 @@ impl App {
         )?);
         let tenants = TenantResolver::new(&config.tenants)?;
         let agent_api = AllowList::new(&config.agent_api)?;
+        let admin = crate::handshake::auth::AdminAuth::new(&config.admin)?;
         let background = CancellationToken::new();
         let store = if config.recording.enabled || config.routing.enabled() {
             Some(crate::store::open(&config).await?)
@@ -146,12 +149,28 @@ impl App {
             metrics,
             tenants,
             agent_api,
+            admin,
             recorder,
             router,
             filters,
             tasks,
             background,
         }))
+    }
+
+    /// Whether `route` is answered on `port`: with `admin.listen` set, the admin API and the
+    /// viewer live on the admin port only and the agent API on the agent port only; health,
+    /// readiness and metrics on both.
+    fn serves_on(&self, port: crate::server::Port, route: &Route) -> bool {
+        use crate::server::Port;
+        if self.config.admin.listen.is_none() {
+            return true;
+        }
+        let admin_route = matches!(route, Route::Handshake(_) | Route::Ui(_) | Route::Policies);
+        match port {
+            Port::Agent => !admin_route,
+            Port::Admin => !matches!(route, Route::Api { .. }),
+        }
     }
 
     /// After the last request: completes live trajectories (their last turn is trained too) and
@@ -218,7 +237,19 @@ where
                     request.uri().query(),
                 )
             });
+        let port = request
+            .extensions()
+            .get::<crate::server::Port>()
+            .copied()
+            .unwrap_or(crate::server::Port::Agent);
         Box::pin(async move {
+            if !app.serves_on(port, &route) {
+                return Ok(ProxyError::NotFound {
+                    method: request.method().to_string(),
+                    path: request.uri().path().to_owned(),
+                }
+                .into_response());
+            }
             let response = match route {
                 Route::Healthz => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
                 Route::Readyz => readiness(&app),
@@ -236,7 +267,7 @@ where
                         Err(e) => e.into_response(),
                     }
                 }
-                Route::Ui(asset) if app.config.admin.token.is_some() => crate::ui::serve(asset),
+                Route::Ui(asset) if app.admin.enabled() => crate::ui::serve(asset),
                 Route::Ui(_) => crate::handshake::HandshakeError::Disabled.into_response(),
                 Route::Api {
                     endpoint,

@@ -15,6 +15,7 @@ use crate::app::App;
 use crate::config::{Config, FilterOverrides, Overrides, UpstreamKind};
 use crate::export::{self, Format};
 use crate::{server, telemetry};
+use tokio::net::TcpListener;
 
 #[derive(Debug, Parser)]
 #[command(name = "clawback-sidecar", version, about)]
@@ -304,10 +305,20 @@ fn serve(args: ServeArgs) -> ExitCode {
             Ok(listener) => listener,
             Err(e) => return fail(&e),
         };
+        let admin = match config.admin.listen {
+            Some(addr) => match server::bind(addr).await {
+                Ok(listener) => Some(listener),
+                Err(e) => return fail(&e),
+            },
+            None => None,
+        };
         let app = match App::new(config).await {
             Ok(app) => app,
             Err(e) => return fail(&e),
         };
+        if let Some(Ok(addr)) = admin.as_ref().map(TcpListener::local_addr) {
+            println!("clawback-sidecar admin API listening on http://{addr}");
+        }
         match listener.local_addr() {
             // A fixed, plain line on stdout: scripts and tests wait for it.
             Ok(addr) => println!("clawback-sidecar listening on http://{addr}"),
@@ -318,7 +329,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             kind = ?app.config.upstream_kind,
             "serving"
         );
-        server::serve(listener, app, shutdown_signal()).await;
+        let mut listeners = vec![(listener, server::Port::Agent)];
+        listeners.extend(admin.map(|admin| (admin, server::Port::Admin)));
+        server::serve_on(listeners, app, shutdown_signal()).await;
         ExitCode::SUCCESS
     })
 }

@@ -163,12 +163,18 @@ pub struct Redaction {
     pub replacement: String,
 }
 
-/// The handshake API (`/trajectories`).
+/// The handshake API (`/trajectories`), the viewer and `/admin/policies`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Admin {
-    /// Bearer token the handshake API requires. Unset: the handshake API is off.
+    /// Bearer token that sees every tenant. Unset (and no `tenant_tokens`): the API is off.
     pub token: Option<String>,
+    /// `"sha256:<hex of the token>" = "tenant"`: tokens that see and give feedback to one
+    /// tenant's trajectories only (viewer and export included). Stored hashed, as API keys.
+    pub tenant_tokens: BTreeMap<String, String>,
+    /// Serve the admin API and the viewer on this address only (not on the agent port), e.g.
+    /// a port that only the platform's network reaches. Unset: on the agent port.
+    pub listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -282,7 +288,11 @@ impl Default for Config {
                 max_step_bytes: 8 << 20,
                 redact: Vec::new(),
             },
-            admin: Admin { token: None },
+            admin: Admin {
+                token: None,
+                tenant_tokens: BTreeMap::new(),
+                listen: None,
+            },
             agent_api: crate::layers::agent_api::AgentApiConfig::default(),
             routing: crate::policy::Routing::default(),
             log: Log {
@@ -410,6 +420,8 @@ impl Config {
                     .to_owned(),
             ));
         }
+        crate::handshake::auth::AdminAuth::new(&self.admin)
+            .map_err(|e| ConfigError::Semantic(format!("`admin.tenant_tokens`: {e}")))?;
         if let Some(token) = &self.admin.token {
             if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(ConfigError::Semantic(

@@ -25,13 +25,15 @@ use clawback_datapool::{
 use http::{header, request, Method, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
 use crate::app::App;
 use crate::body::ProxyBody;
 use crate::error::error_response;
 
+pub mod auth;
 mod listing;
+
+use auth::Scope;
 
 /// The handshake routes, decided from the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +48,8 @@ pub enum Route {
     Tenants,
     /// `GET /tenants/{tenant}/rewards`: a tenant's rewards over time.
     Rewards(String),
+    /// `GET /tenants/{tenant}/export`: a tenant's completed trajectories as training rows.
+    Export(String),
 }
 
 impl Route {
@@ -56,6 +60,7 @@ impl Route {
             return Some(match (method, parts.as_slice()) {
                 (&Method::GET, []) => Ok(Self::Tenants),
                 (&Method::GET, [tenant, "rewards"]) => Ok(Self::Rewards((*tenant).to_owned())),
+                (&Method::GET, [tenant, "export"]) => Ok(Self::Export((*tenant).to_owned())),
                 _ => Err(()),
             });
         }
@@ -86,6 +91,8 @@ pub enum HandshakeError {
     BadId(String),
     #[error("no tenant given and no default tenant is configured")]
     NoTenant,
+    #[error("this token is for tenant {0} only")]
+    OutOfScope(TenantId),
     #[error("trajectory {0} not found")]
     NotFound(String),
     #[error("step {0} not found in the trajectory")]
@@ -94,6 +101,8 @@ pub enum HandshakeError {
     RecordingOff,
     #[error("the datapool failed: {0}")]
     Store(#[from] clawback_datapool::Error),
+    #[error("the export failed: {0}")]
+    Export(String),
 }
 
 impl HandshakeError {
@@ -103,9 +112,10 @@ impl HandshakeError {
                 StatusCode::NOT_FOUND
             }
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::OutOfScope(_) => StatusCode::FORBIDDEN,
             Self::BadBody(_) | Self::BadId(_) | Self::NoTenant => StatusCode::BAD_REQUEST,
             Self::RecordingOff => StatusCode::CONFLICT,
-            Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(_) | Self::Export(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -117,10 +127,12 @@ impl HandshakeError {
             Self::BadBody(_) => "invalid_body",
             Self::BadId(_) => "invalid_id",
             Self::NoTenant => "no_tenant",
+            Self::OutOfScope(_) => "tenant_out_of_scope",
             Self::NotFound(_) => "trajectory_not_found",
             Self::StepNotFound(_) => "step_not_found",
             Self::RecordingOff => "recording_disabled",
             Self::Store(_) => "datapool_unavailable",
+            Self::Export(_) => "export_failed",
         }
     }
 
@@ -170,41 +182,20 @@ pub async fn handle(
     body: Bytes,
 ) -> Response<ProxyBody> {
     let answer = async {
-        authorize(app, parts)?;
+        let scope = app.admin.authorize(parts)?;
         let route = route.map_err(|()| HandshakeError::NoRoute(parts.uri.path().to_owned()))?;
         match route {
-            Route::Create => create(app, parts, parse(&body)?),
-            Route::Get(id) => get(app, &id, query_param(parts, "tenant")).await,
-            Route::List => listing::trajectories(app, parts).await,
-            Route::Tenants => listing::tenants(app).await,
-            Route::Rewards(tenant) => listing::rewards(app, &tenant, parts).await,
-            Route::Complete(id) => complete(app, &id, parse(&body)?).await,
-            Route::Feedback(id) => feedback(app, &id, parse(&body)?).await,
+            Route::Create => create(app, &scope, parts, parse(&body)?),
+            Route::Get(id) => get(app, &scope, &id, query_param(parts, "tenant")).await,
+            Route::List => listing::trajectories(app, &scope, parts).await,
+            Route::Tenants => listing::tenants(app, &scope).await,
+            Route::Rewards(tenant) => listing::rewards(app, &scope, &tenant, parts).await,
+            Route::Export(tenant) => listing::export(app, &scope, &tenant, parts).await,
+            Route::Complete(id) => complete(app, &scope, &id, parse(&body)?).await,
+            Route::Feedback(id) => feedback(app, &scope, &id, parse(&body)?).await,
         }
     };
     answer.await.unwrap_or_else(HandshakeError::into_response)
-}
-
-pub(crate) fn authorize(app: &App, parts: &request::Parts) -> Result<(), HandshakeError> {
-    let expected = app
-        .config
-        .admin
-        .token
-        .as_deref()
-        .ok_or(HandshakeError::Disabled)?;
-    let given = parts
-        .headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .filter(|given| !given.is_empty())
-        .ok_or(HandshakeError::Unauthorized)?;
-    // Compare digests so the comparison's time does not depend on where the strings differ.
-    if Sha256::digest(given.as_bytes()) == Sha256::digest(expected.as_bytes()) {
-        Ok(())
-    } else {
-        Err(HandshakeError::Unauthorized)
-    }
 }
 
 fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, HandshakeError> {
@@ -230,17 +221,21 @@ fn trajectory_id(raw: &str) -> Result<TrajectoryId, HandshakeError> {
         .map_err(|_| HandshakeError::BadId(raw.to_owned()))
 }
 
-/// The tenant a request is about: the one named, else the configured default.
-fn named_tenant(app: &App, named: Option<String>) -> Result<TenantId, HandshakeError> {
-    let raw = named
-        .or_else(|| app.config.tenants.default.clone())
-        .ok_or(HandshakeError::NoTenant)?;
-    TenantId::new(raw).map_err(|e| HandshakeError::BadBody(e.to_string()))
+/// The tenant a request is about: the one named (within the caller's scope), else the scope's
+/// own, else the configured default.
+fn named_tenant(
+    app: &App,
+    scope: &Scope,
+    named: Option<String>,
+) -> Result<TenantId, HandshakeError> {
+    scope.tenant(named, app.config.tenants.default.as_deref())
 }
 
 /// The tenant of trajectory `id`: the live trajectory's own, else the one named (or default).
+/// A trajectory outside the caller's scope is not found.
 fn tenant_for(
     app: &App,
+    scope: &Scope,
     id: &TrajectoryId,
     named: Option<String>,
 ) -> Result<TenantId, HandshakeError> {
@@ -249,8 +244,9 @@ fn tenant_for(
         (Some(live), Some(named)) if live.as_str() != named => {
             Err(HandshakeError::NotFound(id.to_string()))
         }
+        (Some(live), _) if !scope.sees(&live) => Err(HandshakeError::NotFound(id.to_string())),
         (Some(live), _) => Ok(live),
-        (None, named) => named_tenant(app, named),
+        (None, named) => named_tenant(app, scope, named),
     }
 }
 
@@ -272,11 +268,12 @@ fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
 
 fn create(
     app: &App,
+    scope: &Scope,
     parts: &request::Parts,
     body: CreateBody,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
-    let tenant = named_tenant(app, body.tenant)?;
+    let tenant = named_tenant(app, scope, body.tenant)?;
     let group = match (body.group_id, body.group_size) {
         (Some(group), Some(size)) if (1..=4096).contains(&size) => Some((group, size)),
         (None, None) => None,
@@ -319,11 +316,12 @@ async fn stored(
 
 async fn get(
     app: &App,
+    scope: &Scope,
     raw: &str,
     tenant: Option<String>,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let id = trajectory_id(raw)?;
-    let tenant = tenant_for(app, &id, tenant)?;
+    let tenant = tenant_for(app, scope, &id, tenant)?;
     let record = stored(app, &tenant, &id)
         .await?
         .ok_or_else(|| HandshakeError::NotFound(raw.to_owned()))?;
@@ -358,12 +356,13 @@ fn feedback_evaluation(
 
 async fn complete(
     app: &App,
+    scope: &Scope,
     raw: &str,
     body: CompleteBody,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let id = trajectory_id(raw)?;
-    let tenant = tenant_for(app, &id, body.tenant)?;
+    let tenant = tenant_for(app, scope, &id, body.tenant)?;
     let live = recorder.is_live(&tenant, &id);
     if !live && stored(app, &tenant, &id).await?.is_none() {
         return Err(HandshakeError::NotFound(raw.to_owned()));
@@ -403,12 +402,13 @@ async fn complete(
 
 async fn feedback(
     app: &App,
+    scope: &Scope,
     raw: &str,
     body: FeedbackBody,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let id = trajectory_id(raw)?;
-    let tenant = tenant_for(app, &id, body.tenant)?;
+    let tenant = tenant_for(app, scope, &id, body.tenant)?;
     if body.reward.is_none() && body.hint.is_none() && body.label.is_none() {
         return Err(HandshakeError::BadBody(
             "give at least one of reward, hint, label".to_owned(),

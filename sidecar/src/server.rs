@@ -69,6 +69,23 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 
 /// Serves `listener` until `shutdown` resolves, then drains.
 pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
+    serve_on(vec![(listener, Port::Agent)], app, shutdown).await;
+}
+
+/// Which listener a request came in on (`admin.listen` splits the admin API off the agent
+/// port); the handler answers only its own port's routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    Agent,
+    Admin,
+}
+
+/// Serves every listener until `shutdown` resolves, then drains them together.
+pub async fn serve_on(
+    listeners: Vec<(TcpListener, Port)>,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()>,
+) {
     let stack = app::build(Arc::clone(&app));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -77,56 +94,29 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         .header_read_timeout(app.config.timeouts.header_read)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(connection_cap(
-        app.config.limits.max_connections,
-    )));
-    let header_read = app.config.timeouts.header_read;
-    let idle = app.config.timeouts.idle_connection;
-    tokio::pin!(shutdown);
+    let server = Accepting {
+        stack,
+        builder,
+        graceful: GracefulShutdown::new(),
+        permits: Arc::new(Semaphore::new(connection_cap(
+            app.config.limits.max_connections,
+        ))),
+        header_read: app.config.timeouts.header_read,
+        idle: app.config.timeouts.idle_connection,
+        stop: tokio_util::sync::CancellationToken::new(),
+    };
+    let stopping = async {
+        shutdown.await;
+        server.stop.cancel();
+    };
+    let loops = futures_util::future::join_all(
+        listeners
+            .into_iter()
+            .map(|(listener, port)| server.accept_loop(listener, port)),
+    );
+    tokio::join!(stopping, loops);
+    let graceful = server.graceful;
 
-    loop {
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Usually EMFILE: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let watchdog = Watchdog::new(header_read, idle);
-        let service = TowerToHyperService::new(Watched {
-            inner: stack.clone(),
-            watchdog: Arc::clone(&watchdog),
-        });
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            tokio::select! {
-                ended = connection => if let Err(e) = ended {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                },
-                why = watchdog.expired() => tracing::debug!(%peer, why, "connection closed"),
-            }
-            drop(permit);
-        });
-    }
-
-    drop(listener);
     let grace = app.config.timeouts.shutdown_grace;
     let deadline = Instant::now() + grace;
     tracing::info!(?grace, "shutting down: draining in-flight requests");
@@ -215,11 +205,13 @@ impl Drop for RequestGuard {
     }
 }
 
-/// The stack, telling the connection's watchdog when requests begin and end.
+/// The stack, telling the connection's watchdog when requests begin and end, and marking each
+/// request with the port it came in on.
 #[derive(Clone)]
 struct Watched {
     inner: app::Stack,
     watchdog: Arc<Watchdog>,
+    port: Port,
 }
 
 impl<B> tower::Service<http::Request<B>> for Watched
@@ -242,7 +234,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        request.extensions_mut().insert(self.port);
         let guard = self.watchdog.request_began();
         let response = self.inner.call(request);
         Box::pin(async move {
@@ -250,5 +243,64 @@ where
             response.body_mut().attach(guard);
             Ok(response)
         })
+    }
+}
+
+/// What the accept loops of all listeners share.
+struct Accepting {
+    stack: app::Stack,
+    builder: auto::Builder<TokioExecutor>,
+    graceful: GracefulShutdown,
+    permits: Arc<Semaphore>,
+    header_read: Duration,
+    idle: Duration,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Accepting {
+    /// Accepts on `listener` until the stop signal, each connection with its watchdog.
+    async fn accept_loop(&self, listener: TcpListener, port: Port) {
+        loop {
+            let permit = tokio::select! {
+                permit = Arc::clone(&self.permits).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+                () = self.stop.cancelled() => break,
+            };
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Usually EMFILE: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = self.stop.cancelled() => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let watchdog = Watchdog::new(self.header_read, self.idle);
+            let service = TowerToHyperService::new(Watched {
+                inner: self.stack.clone(),
+                watchdog: Arc::clone(&watchdog),
+                port,
+            });
+            let connection = self
+                .builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            let connection = self.graceful.watch(connection);
+            tokio::spawn(async move {
+                tokio::select! {
+                    ended = connection => if let Err(e) = ended {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    },
+                    why = watchdog.expired() => tracing::debug!(%peer, why, "connection closed"),
+                }
+                drop(permit);
+            });
+        }
     }
 }

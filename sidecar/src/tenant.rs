@@ -93,7 +93,7 @@ fn bearer_key(headers: &HeaderMap) -> Option<&str> {
     headers.get("api-key").and_then(|v| v.to_str().ok())
 }
 
-fn parse_key_hash(key: &str) -> Option<[u8; 32]> {
+pub(crate) fn parse_key_hash(key: &str) -> Option<[u8; 32]> {
     let hex = key.strip_prefix("sha256:")?;
     if hex.len() != 64 {
         return None;

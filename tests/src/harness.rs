@@ -15,6 +15,8 @@ use tokio::task::JoinHandle;
 /// A sidecar serving in this process until [`Sidecar::shutdown`] or drop.
 pub struct Sidecar {
     pub addr: SocketAddr,
+    /// The admin listener's address, when `admin.listen` is set.
+    pub admin_addr: Option<SocketAddr>,
     pub app: Arc<App>,
     stop: Option<oneshot::Sender<()>>,
     serving: Option<JoinHandle<()>>,
@@ -40,13 +42,21 @@ impl Sidecar {
     pub async fn start(config: Config) -> Self {
         let listener = server::bind(config.listen).await.expect("sidecar binds");
         let addr = listener.local_addr().expect("sidecar has an address");
+        let mut listeners = vec![(listener, server::Port::Agent)];
+        let mut admin_addr = None;
+        if let Some(admin) = config.admin.listen {
+            let admin = server::bind(admin).await.expect("admin listener binds");
+            admin_addr = Some(admin.local_addr().expect("admin listener has an address"));
+            listeners.push((admin, server::Port::Admin));
+        }
         let app = App::new(config).await.expect("valid test config");
         let (stop, stopped) = oneshot::channel::<()>();
-        let serving = tokio::spawn(server::serve(listener, Arc::clone(&app), async {
+        let serving = tokio::spawn(server::serve_on(listeners, Arc::clone(&app), async {
             let _ = stopped.await;
         }));
         Self {
             addr,
+            admin_addr,
             app,
             stop: Some(stop),
             serving: Some(serving),

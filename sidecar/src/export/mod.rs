@@ -168,6 +168,30 @@ pub async fn run(store: &dyn Store, options: &Options) -> Result<Summary, Export
     result
 }
 
+/// The export as JSONL in memory, for the admin API's `GET /tenants/{tenant}/export` (bounded
+/// by `options.limit`). The same rows as the JSONL file; no sink is held across the store's
+/// awaits, so the future can run on the server's threads.
+pub async fn to_jsonl(
+    store: &dyn Store,
+    options: &Options,
+) -> Result<(Vec<u8>, Summary), ExportError> {
+    let mut summary = Summary::default();
+    let mut out = Vec::new();
+    for id in completed_ids(store, options, &mut summary).await? {
+        if let Some(record) = store.trajectory(&options.tenant, &id).await? {
+            let (rows, side_turns) = row::rows(&record);
+            summary.trajectories += 1;
+            summary.steps += rows.len();
+            summary.skipped_side_turns += side_turns;
+            for row in &rows {
+                serde_json::to_writer(&mut out, row).map_err(ExportError::Json)?;
+                out.push(b'\n');
+            }
+        }
+    }
+    Ok((out, summary))
+}
+
 async fn write_rows(
     store: &dyn Store,
     options: &Options,

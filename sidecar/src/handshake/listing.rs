@@ -1,5 +1,6 @@
 //! The read-only views the trajectory viewer ([`crate::ui`]) polls: every tenant with its live
-//! policy, a tenant's newest trajectories, and its rewards over time.
+//! policy, a tenant's newest trajectories, and its rewards over time; and a tenant's export as
+//! training rows. A tenant token sees its own tenant only.
 //!
 //! The stores list trajectories oldest first, so "newest" is found by paging through at most
 //! [`MAX_SCANNED`] headers and keeping the tail; a tenant with more says so (`"complete": false`)
@@ -15,7 +16,7 @@ use http::{request, Response, StatusCode};
 use serde::Serialize;
 use serde_json::json;
 
-use super::{json_response, named_tenant, query_param, HandshakeError};
+use super::{json_response, named_tenant, query_param, HandshakeError, Scope};
 use crate::app::App;
 use crate::body::ProxyBody;
 
@@ -80,11 +81,17 @@ async fn newest(
 }
 
 /// `GET /tenants`: every tenant with data (and the default tenant), each with its live policy.
-pub(super) async fn tenants(app: &App) -> Result<Response<ProxyBody>, HandshakeError> {
+pub(super) async fn tenants(
+    app: &App,
+    scope: &Scope,
+) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let store = recorder.store();
-    let mut tenants = store.tenants().await?;
-    if let Ok(default) = named_tenant(app, None) {
+    let mut tenants = match scope {
+        Scope::All => store.tenants().await?,
+        Scope::Tenant(own) => vec![own.clone()],
+    };
+    if let Ok(default) = named_tenant(app, scope, None) {
         if !tenants.contains(&default) {
             tenants.push(default);
         }
@@ -116,10 +123,11 @@ struct Listed {
 /// `GET /trajectories?tenant=T&limit=N`: the tenant's newest trajectories, newest first.
 pub(super) async fn trajectories(
     app: &App,
+    scope: &Scope,
     parts: &request::Parts,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
-    let tenant = named_tenant(app, query_param(parts, "tenant"))?;
+    let tenant = named_tenant(app, scope, query_param(parts, "tenant"))?;
     let keep = limit(parts, LIST_DEFAULT, LIST_MAX)?;
     let (headers, complete) = newest(recorder.store().as_ref(), &tenant, keep).await?;
     let listed: Vec<Listed> = headers
@@ -180,11 +188,12 @@ fn reward_points(record: &TrajectoryRecord) -> impl Iterator<Item = RewardPoint>
 /// trajectories, oldest first.
 pub(super) async fn rewards(
     app: &App,
+    scope: &Scope,
     raw_tenant: &str,
     parts: &request::Parts,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
-    let tenant = named_tenant(app, Some(raw_tenant.to_owned()))?;
+    let tenant = named_tenant(app, scope, Some(raw_tenant.to_owned()))?;
     let keep = limit(parts, REWARDS_DEFAULT, REWARDS_MAX)?;
     let (headers, _) = newest(recorder.store().as_ref(), &tenant, keep).await?;
     let mut points = Vec::new();
@@ -200,6 +209,49 @@ pub(super) async fn rewards(
         "points": points,
     });
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// Trajectories one export answer holds when the caller gives no `limit`, and the most.
+const EXPORT_DEFAULT: usize = 1_000;
+const EXPORT_MAX: usize = 10_000;
+
+/// `GET /tenants/{tenant}/export?limit=N&since=T`: the tenant's completed trajectories as
+/// training rows (JSONL, as `clawback-sidecar export` writes them), oldest first.
+pub(super) async fn export(
+    app: &App,
+    scope: &Scope,
+    raw_tenant: &str,
+    parts: &request::Parts,
+) -> Result<Response<ProxyBody>, HandshakeError> {
+    let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
+    let tenant = named_tenant(app, scope, Some(raw_tenant.to_owned()))?;
+    let since = query_param(parts, "since")
+        .map(|raw| crate::export::parse_since(&raw).map_err(HandshakeError::BadBody))
+        .transpose()?;
+    let options = crate::export::Options {
+        tenant,
+        format: crate::export::Format::Jsonl,
+        out: None,
+        since,
+        limit: Some(limit(parts, EXPORT_DEFAULT, EXPORT_MAX)?),
+    };
+    let (rows, summary) = crate::export::to_jsonl(recorder.store().as_ref(), &options)
+        .await
+        .map_err(|e| HandshakeError::Export(e.to_string()))?;
+    let mut response = Response::new(ProxyBody::full(rows));
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-ndjson"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    if let Ok(value) = http::HeaderValue::try_from(summary.to_string()) {
+        headers.insert("x-clawback-export", value);
+    }
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -18,8 +18,13 @@ use crate::error::{error_response, ProxyError};
 pub const PATH: &str = "/admin/policies";
 
 pub fn handle(app: &App, parts: &request::Parts) -> Response<ProxyBody> {
-    if let Err(e) = crate::handshake::authorize(app, parts) {
-        return e.into_response();
+    // The publisher's view across tenants: the global token only.
+    match app.admin.authorize(parts) {
+        Ok(crate::handshake::auth::Scope::All) => {}
+        Ok(crate::handshake::auth::Scope::Tenant(own)) => {
+            return crate::handshake::HandshakeError::OutOfScope(own).into_response()
+        }
+        Err(e) => return e.into_response(),
     }
     let Some(router) = &app.router else {
         return error_response(

@@ -486,3 +486,138 @@ async fn a_secret_is_redacted_from_every_stored_field_and_takes_the_tokens_with_
         );
     }
 }
+
+const GLOBAL_ADMIN: &str = "global-admin-token-0123456789";
+const ALPHA_VIEWER: &str = "alpha-viewer-token-0123456789";
+
+/// Two tenants with a recorded, completed call each; the global token and alpha's tenant token.
+async fn two_recorded_tenants(listen_admin: bool) -> (MockUpstream, Sidecar) {
+    let engine = MockUpstream::start().await;
+    let mut config = two_tenants(&engine);
+    config.routing.base_model = None;
+    config.admin.token = Some(GLOBAL_ADMIN.to_owned());
+    config
+        .admin
+        .tenant_tokens
+        .insert(key_hash(ALPHA_VIEWER), "alpha".to_owned());
+    if listen_admin {
+        config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    }
+    let sidecar = Sidecar::start(config).await;
+    for key in [ALPHA_KEY, BRAVO_KEY] {
+        assert_eq!(chat_as(&sidecar, key, "mock-llama").await.status(), 200);
+    }
+    (engine, sidecar)
+}
+
+async fn admin_get(sidecar: &Sidecar, token: &str, path: &str) -> (u16, String) {
+    let response = client()
+        .get(sidecar.url(path))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_tenant_token_sees_and_scores_only_its_own_tenant() {
+    let (_engine, sidecar) = two_recorded_tenants(false).await;
+    let store = store(&sidecar);
+    let alpha = one_record(&store, &TenantId::new("alpha").unwrap()).await;
+    let bravo = one_record(&store, &TenantId::new("bravo").unwrap()).await;
+    let (alpha_id, bravo_id) = (alpha.trajectory.id, bravo.trajectory.id);
+
+    let (status, tenants) = admin_get(&sidecar, ALPHA_VIEWER, "/tenants").await;
+    assert_eq!(status, 200);
+    let tenants: Value = serde_json::from_str(&tenants).unwrap();
+    let names: Vec<&str> = tenants["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["tenant"].as_str())
+        .collect();
+    assert_eq!(names, ["alpha"]);
+    let (_, listed) = admin_get(&sidecar, ALPHA_VIEWER, "/trajectories").await;
+    assert!(listed.contains(&alpha_id.to_string()) && !listed.contains(&bravo_id.to_string()));
+    for path in [
+        "/trajectories?tenant=bravo".to_owned(),
+        "/tenants/bravo/rewards".to_owned(),
+        "/tenants/bravo/export".to_owned(),
+        "/admin/policies".to_owned(),
+    ] {
+        let (status, body) = admin_get(&sidecar, ALPHA_VIEWER, &path).await;
+        assert_eq!(status, 403, "{path}: {body}");
+    }
+    for path in [
+        format!("/trajectories/{bravo_id}"),
+        format!("/trajectories/{bravo_id}?tenant=bravo"),
+    ] {
+        let (status, _) = admin_get(&sidecar, ALPHA_VIEWER, &path).await;
+        assert!(status == 403 || status == 404, "{path}: {status}");
+    }
+    let feedback = |id: String, token: &'static str| {
+        client()
+            .post(sidecar.url(&format!("/trajectories/{id}/feedback")))
+            .bearer_auth(token)
+            .json(&json!({"reward": 1.0}))
+            .send()
+    };
+    let refused = feedback(bravo_id.to_string(), ALPHA_VIEWER).await.unwrap();
+    assert!(refused.status() == 403 || refused.status() == 404);
+    assert_eq!(
+        feedback(alpha_id.to_string(), ALPHA_VIEWER)
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
+    // The export: alpha's rows, as JSONL.
+    let (status, rows) = admin_get(&sidecar, ALPHA_VIEWER, "/tenants/alpha/export").await;
+    assert_eq!(status, 200, "{rows}");
+    let rows: Vec<Value> = rows
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].to_string().contains(&alpha_id.to_string()));
+    // The global token sees both.
+    let (_, all) = admin_get(&sidecar, GLOBAL_ADMIN, "/tenants").await;
+    assert!(all.contains("alpha") && all.contains("bravo"));
+    assert_eq!(
+        admin_get(&sidecar, GLOBAL_ADMIN, "/tenants/bravo/export")
+            .await
+            .0,
+        200
+    );
+}
+
+#[tokio::test]
+async fn with_an_admin_listener_the_agent_port_has_no_admin_api_and_the_admin_port_no_agent_api() {
+    let (engine, sidecar) = two_recorded_tenants(true).await;
+    let admin = sidecar.admin_addr.expect("an admin listener");
+    for path in ["/trajectories", "/tenants", "/ui", "/admin/policies"] {
+        let (status, _) = admin_get(&sidecar, GLOBAL_ADMIN, path).await;
+        assert_eq!(status, 404, "{path} on the agent port");
+    }
+    let on_admin = |path: &str| format!("http://{admin}{path}");
+    let listed = client()
+        .get(on_admin("/tenants"))
+        .bearer_auth(GLOBAL_ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    let before = engine.request_count();
+    let call = client()
+        .post(on_admin("/v1/chat/completions"))
+        .bearer_auth(ALPHA_KEY)
+        .json(&json!({"model": "mock-llama", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(call.status(), 404);
+    assert_eq!(engine.request_count(), before);
+    let health = client().get(on_admin("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+}
