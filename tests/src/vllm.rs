@@ -89,6 +89,13 @@ pub fn shared() -> &'static Vllm {
 /// The process is spawned from a thread that lives until the test process exits and is asked
 /// to die with that thread (`PR_SET_PDEATHSIG`), so no server outlives the tests.
 pub fn start(extra: &[&str]) -> Vllm {
+    let model_dir = scratch_dir("vllm-model");
+    write_tiny_model(&model_dir, 7);
+    start_on(model_dir, extra)
+}
+
+/// Starts vLLM on the HF model folder `model_dir` (served as [`MODEL`]) with `extra` arguments.
+pub fn start_on(model_dir: PathBuf, extra: &[&str]) -> Vllm {
     let python = python();
     assert!(
         python.is_file(),
@@ -96,8 +103,7 @@ pub fn start(extra: &[&str]) -> Vllm {
         python.display()
     );
     let dir = scratch_dir("vllm");
-    let model_dir = dir.join("model");
-    write_tiny_model(&model_dir, 7);
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
     let port = free_port();
     let log = dir.join("vllm.log");
     let mut command = Command::new(&python);
