@@ -156,5 +156,7 @@ ensure_wasm_plugins() {
         rustup target add wasm32-wasip2
     fi
     say "building the filter plugins (wasm-plugins, wasm32-wasip2, release)"
-    (cd "$ROOT/wasm-plugins" && cargo build --release --target wasm32-wasip2 --locked)
+    # Into the clone's own wasm-plugins/target, where the host's tests load them from.
+    (cd "$ROOT/wasm-plugins" && CARGO_TARGET_DIR="$ROOT/wasm-plugins/target" \
+        cargo build --release --target wasm32-wasip2 --locked)
 }

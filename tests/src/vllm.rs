@@ -39,12 +39,14 @@ pub fn python() -> PathBuf {
 }
 
 /// The trainer binary that writes tiny models: the release build `scripts/test` makes, else a
-/// debug build.
+/// debug build (under `CARGO_TARGET_DIR` when set, as `scripts/test` sets it).
 fn trainer_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("CLAWBACK_TRAINER_BIN") {
         return PathBuf::from(bin);
     }
-    let target = repo_root().join("target");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
     ["release", "debug"]
         .iter()
         .map(|profile| target.join(profile).join("clawback-trainer"))
