@@ -45,14 +45,23 @@ fn tenant_id(raw: &str) -> Result<TenantId, TenantError> {
     })
 }
 
-impl TenantResolver {
-    pub fn new(config: &Tenants) -> Result<Self, TenantError> {
-        let mut by_key_hash = HashMap::new();
-        for (key, tenant) in &config.keys {
+/// `"sha256:<hex>" = "tenant"` entries (API keys, tenant tokens) by their digest.
+pub(crate) fn hashed_tenants(
+    entries: &std::collections::BTreeMap<String, String>,
+) -> Result<HashMap<[u8; 32], TenantId>, TenantError> {
+    entries
+        .iter()
+        .map(|(key, tenant)| {
             let hash =
                 parse_key_hash(key).ok_or_else(|| TenantError::BadKeyHash { key: key.clone() })?;
-            by_key_hash.insert(hash, tenant_id(tenant)?);
-        }
+            Ok((hash, tenant_id(tenant)?))
+        })
+        .collect()
+}
+
+impl TenantResolver {
+    pub fn new(config: &Tenants) -> Result<Self, TenantError> {
+        let by_key_hash = hashed_tenants(&config.keys)?;
         let default = config.default.as_deref().map(tenant_id).transpose()?;
         Ok(Self {
             by_key_hash,
@@ -93,7 +102,7 @@ fn bearer_key(headers: &HeaderMap) -> Option<&str> {
     headers.get("api-key").and_then(|v| v.to_str().ok())
 }
 
-pub(crate) fn parse_key_hash(key: &str) -> Option<[u8; 32]> {
+fn parse_key_hash(key: &str) -> Option<[u8; 32]> {
     let hex = key.strip_prefix("sha256:")?;
     if hex.len() != 64 {
         return None;

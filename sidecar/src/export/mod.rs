@@ -169,26 +169,21 @@ pub async fn run(store: &dyn Store, options: &Options) -> Result<Summary, Export
 }
 
 /// The export as JSONL in memory, for the admin API's `GET /tenants/{tenant}/export` (bounded
-/// by `options.limit`). The same rows as the JSONL file; no sink is held across the store's
-/// awaits, so the future can run on the server's threads.
+/// by `options.limit`): the same rows as the JSONL file. Nothing that is not `Send` is held
+/// across the store's awaits, so the future can run on the server's threads.
 pub async fn to_jsonl(
     store: &dyn Store,
     options: &Options,
 ) -> Result<(Vec<u8>, Summary), ExportError> {
-    let mut summary = Summary::default();
     let mut out = Vec::new();
-    for id in completed_ids(store, options, &mut summary).await? {
-        if let Some(record) = store.trajectory(&options.tenant, &id).await? {
-            let (rows, side_turns) = row::rows(&record);
-            summary.trajectories += 1;
-            summary.steps += rows.len();
-            summary.skipped_side_turns += side_turns;
-            for row in &rows {
-                serde_json::to_writer(&mut out, row).map_err(ExportError::Json)?;
-                out.push(b'\n');
-            }
+    let summary = walk(store, options, &ProgressBar::hidden(), |rows| {
+        for row in &rows {
+            serde_json::to_writer(&mut out, row).map_err(ExportError::Json)?;
+            out.push(b'\n');
         }
-    }
+        Ok(())
+    })
+    .await?;
     Ok((out, summary))
 }
 
@@ -198,22 +193,34 @@ async fn write_rows(
     file: Option<&Path>,
 ) -> Result<Summary, ExportError> {
     let mut sink = open_sink(options.format, file)?;
+    let progress = progress_bar(0);
+    let summary = walk(store, options, &progress, |rows| sink.write(rows)).await?;
+    sink.finish()?;
+    progress.finish_and_clear();
+    Ok(summary)
+}
+
+/// Hands `emit` the rows of every completed trajectory to export, oldest first.
+async fn walk(
+    store: &dyn Store,
+    options: &Options,
+    progress: &ProgressBar,
+    mut emit: impl FnMut(Vec<Row>) -> Result<(), ExportError>,
+) -> Result<Summary, ExportError> {
     let mut summary = Summary::default();
     let ids = completed_ids(store, options, &mut summary).await?;
-    let progress = progress_bar(ids.len());
+    progress.set_length(ids.len() as u64);
     for id in &ids {
         // Gone between the two passes (trimmed by a cap): nothing to export.
         if let Some(record) = store.trajectory(&options.tenant, id).await? {
             let (rows, side_turns) = row::rows(&record);
             summary.trajectories += 1;
             summary.steps += rows.len();
-            sink.write(rows)?;
             summary.skipped_side_turns += side_turns;
+            emit(rows)?;
         }
         progress.inc(1);
     }
-    sink.finish()?;
-    progress.finish_and_clear();
     Ok(summary)
 }
 

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::HandshakeError;
 use crate::config::Admin;
-use crate::tenant::{parse_key_hash, TenantError};
+use crate::tenant::{hashed_tenants, TenantError};
 
 /// What a caller's token lets it see.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,16 +60,7 @@ pub struct AdminAuth {
 
 impl AdminAuth {
     pub fn new(config: &Admin) -> Result<Self, TenantError> {
-        let mut tenants = HashMap::new();
-        for (key, tenant) in &config.tenant_tokens {
-            let hash =
-                parse_key_hash(key).ok_or_else(|| TenantError::BadKeyHash { key: key.clone() })?;
-            let tenant = TenantId::new(tenant.as_str()).map_err(|e| TenantError::BadTenant {
-                tenant: tenant.clone(),
-                reason: e.to_string(),
-            })?;
-            tenants.insert(hash, tenant);
-        }
+        let tenants = hashed_tenants(&config.tenant_tokens)?;
         Ok(Self {
             global: config
                 .token
