@@ -195,6 +195,10 @@ pub struct Timeouts {
     /// Longest gap between two body chunks of an upstream response.
     #[serde(with = "humantime_serde")]
     pub upstream_idle: Duration,
+    /// Longest a client may take to accept the next chunk of its response; past it the call is
+    /// treated as orphaned (its answer is still read and recorded, not sent).
+    #[serde(with = "humantime_serde")]
+    pub client_write: Duration,
     /// A client connection with no request in flight is closed after this long.
     #[serde(with = "humantime_serde")]
     pub idle_connection: Duration,
@@ -259,6 +263,7 @@ impl Default for Config {
                 upstream_first_byte: Duration::from_secs(600),
                 upstream_idle: Duration::from_secs(120),
                 idle_connection: Duration::from_secs(60),
+                client_write: Duration::from_secs(60),
                 orphan_drain: Duration::from_secs(600),
                 shutdown_grace: Duration::from_secs(30),
             },

@@ -155,7 +155,8 @@ impl Forwarder {
                     }
                     None => None,
                 };
-                Ok(self.relay(response, in_flight, timing, tap))
+                let connection = parts.extensions.get::<crate::server::Abandon>();
+                Ok(self.relay(response, in_flight, timing, tap, connection))
             }
             Err(e) => {
                 if let Some(pending) = recording {
@@ -284,6 +285,7 @@ impl Forwarder {
         in_flight: InFlight,
         timing: UpstreamTiming,
         recording: Option<(Pending, Arc<str>)>,
+        connection: Option<&crate::server::Abandon>,
     ) -> (Response<ProxyBody>, Relay<Incoming>) {
         let (mut parts, body) = response.into_parts();
         let is_sse = parts
@@ -306,6 +308,8 @@ impl Forwarder {
             tx,
             is_sse,
             idle: self.timeouts.upstream_idle,
+            client_write: self.timeouts.client_write,
+            connection: connection.cloned(),
             orphan_drain: self.timeouts.orphan_drain,
             orphans: Arc::clone(&self.orphans),
             in_flight,

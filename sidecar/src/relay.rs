@@ -57,6 +57,10 @@ pub struct Relay<B> {
     /// Server-sent events get an OpenAI error event when the upstream breaks mid-stream.
     pub is_sse: bool,
     pub idle: Duration,
+    /// Longest a client may take to accept the next frame before it counts as gone.
+    pub client_write: Duration,
+    /// Closes the client's connection when it stops reading.
+    pub connection: Option<crate::server::Abandon>,
     pub orphan_drain: Duration,
     /// Permits for orphans: a call whose client leaves takes one, or is cut off.
     pub orphans: Arc<Semaphore>,
@@ -117,7 +121,16 @@ where
             self.at_event_boundary = frame.data_ref().is_none_or(|d| d.ends_with(b"\n\n"));
             match client_gone_deadline {
                 None => {
-                    if self.tx.send(Ok(frame)).await.is_err() {
+                    // A client that stops reading (its socket full) is treated as gone once it
+                    // has not taken a frame for `client_write`: it holds no permit forever.
+                    let delivered =
+                        tokio::time::timeout(self.client_write, self.tx.send(Ok(frame))).await;
+                    if delivered.is_err() {
+                        if let Some(connection) = &self.connection {
+                            connection.abandon();
+                        }
+                    }
+                    if !matches!(delivered, Ok(Ok(()))) {
                         match self.orphaned() {
                             Ok(permit) => orphan_permit = Some(permit),
                             Err(end) => break end,
@@ -135,7 +148,11 @@ where
             let finished = tap.capture.finish();
             if let Some(tail) = finished.tail {
                 if client_gone_deadline.is_none() {
-                    let _ = self.tx.send(Ok(Frame::data(tail))).await;
+                    let _ = tokio::time::timeout(
+                        self.client_write,
+                        self.tx.send(Ok(Frame::data(tail))),
+                    )
+                    .await;
                 }
             }
             (tap.record)(Recorded {
@@ -211,6 +228,6 @@ where
         } else {
             Err(message.into())
         };
-        let _ = self.tx.send(item).await;
+        let _ = tokio::time::timeout(self.client_write, self.tx.send(item)).await;
     }
 }

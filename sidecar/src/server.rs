@@ -150,6 +150,22 @@ pub struct Watchdog {
     active: AtomicUsize,
     /// Milliseconds after `accepted` when the connection last went idle.
     idle_since_ms: AtomicU64,
+    /// A response on this connection gave up on its client (it stopped reading).
+    abandoned: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+/// Lets a response close its connection when the client stops reading it: a stalled (or
+/// vanished, half-open) peer would otherwise keep the response body, and the concurrency permit
+/// it holds, forever. With h2 the whole connection goes, every stream on it.
+#[derive(Clone)]
+pub struct Abandon(Arc<Watchdog>);
+
+impl Abandon {
+    pub fn abandon(&self) {
+        self.0.abandoned.store(true, Ordering::SeqCst);
+        self.0.wake.notify_one();
+    }
 }
 
 impl Watchdog {
@@ -161,6 +177,8 @@ impl Watchdog {
             started: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
+            abandoned: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
         })
     }
 
@@ -173,6 +191,9 @@ impl Watchdog {
     /// Resolves when the connection should be closed, saying why.
     async fn expired(&self) -> &'static str {
         loop {
+            if self.abandoned.load(Ordering::SeqCst) {
+                return "the client stopped reading its answer (timeouts.client_write)";
+            }
             let now = Instant::now();
             let deadline = if !self.started.load(Ordering::Relaxed) {
                 self.accepted + self.header_read
@@ -189,7 +210,10 @@ impl Watchdog {
                     "no request head within timeouts.header_read"
                 };
             }
-            tokio::time::sleep_until(deadline.max(now + Duration::from_millis(10))).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline.max(now + Duration::from_millis(10))) => {}
+                () = self.wake.notified() => {}
+            }
         }
     }
 }
@@ -236,6 +260,9 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         request.extensions_mut().insert(self.port);
+        request
+            .extensions_mut()
+            .insert(Abandon(Arc::clone(&self.watchdog)));
         let guard = self.watchdog.request_began();
         let response = self.inner.call(request);
         Box::pin(async move {

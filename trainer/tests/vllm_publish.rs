@@ -89,7 +89,7 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
     .await
     .expect("vLLM starts");
 
-    let mut config = test_config(&[engine.url.clone()]);
+    let mut config = test_config(std::slice::from_ref(&engine.url));
     config.upstream_kind = UpstreamKind::Vllm;
     config.routing.base_model = Some(MODEL.to_owned());
     config.routing.poll_interval = Duration::from_millis(50);

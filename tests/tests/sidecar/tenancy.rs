@@ -63,6 +63,12 @@ async fn an_agent_cannot_reach_the_engines_adapter_or_weight_routes() {
         ("/v1/load%5Flora_adapter", "engine_control_route"),
         ("/v1/chat%2Fcompletions", "not_agent_api"),
         ("/v1/files", "not_agent_api"),
+        // vLLM's and SGLang's routes outside /v1 are no agent routes at all.
+        ("/load_lora_adapter", "not_found"),
+        ("/update_weights_from_disk", "not_found"),
+        ("/reset_prefix_cache", "not_found"),
+        ("/sleep", "not_found"),
+        ("/pause_generation", "not_found"),
     ] {
         for key in [Some(ALPHA_KEY), None] {
             let mut request = client().post(sidecar.url(path)).json(&lora);
@@ -620,4 +626,50 @@ async fn with_an_admin_listener_the_agent_port_has_no_admin_api_and_the_admin_po
     assert_eq!(engine.request_count(), before);
     let health = client().get(on_admin("/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_orphaned_and_its_answer_still_recorded() {
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        // About 16 MB of answer: more than the socket buffers and the relay's queue hold.
+        answer_text: Some(format!("{} ", "y".repeat(7999)).repeat(2000)),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    // Text only: nothing to strip, so the answer flows as fast as the engine sends it.
+    config.upstream_kind = clawback_sidecar::config::UpstreamKind::Openai;
+    config.timeouts.client_write = Duration::from_millis(300);
+    config.limits.max_concurrent_requests = 1;
+    let sidecar = Sidecar::start(config).await;
+    // A client with a tiny receive window that never reads its answer.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(sidecar.addr).await.unwrap();
+    let body = json!({"model": "mock-llama", "stream": true,
+                      "messages": [{"role": "user", "content": "say a lot"}]})
+    .to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-clawback-session: stalled\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.write_all(body.as_bytes()).await.unwrap();
+    let metrics = &sidecar.app.metrics;
+    assert!(
+        eventually(Duration::from_secs(10), || metrics.orphaned_streams.get()
+            == 1)
+        .await,
+        "the stalled client was never given up on"
+    );
+    // Its permit came back when the orphan's answer ended: the only slot serves again.
+    poll("the slot back", || async {
+        (post_chat(&sidecar, false).await.status() == 200).then_some(())
+    })
+    .await;
+    let tenant = TenantId::new("default").unwrap();
+    let record = one_record(&store(&sidecar), &tenant).await;
+    assert_eq!(record.trajectory.metadata["session"], "stalled");
+    drop(stalled);
 }
