@@ -108,8 +108,13 @@ pub fn start_on(model_dir: PathBuf, extra: &[&str]) -> Vllm {
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     let port = free_port();
     let log = dir.join("vllm.log");
-    let mut command = Command::new(&python);
+    // The shell leads a process group of its own and kills all of it when told to stop.
+    let mut command = Command::new("sh");
     command
+        .arg("-c")
+        .arg(r#"trap 'kill -KILL 0' TERM INT HUP; "$@" & wait $!"#)
+        .arg("vllm-group")
+        .arg(&python)
         .args(["-m", "vllm.entrypoints.openai.api_server"])
         .arg("--model")
         .arg(&model_dir)
@@ -170,14 +175,19 @@ fn models_answer(port: u16) -> bool {
     stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
 
+/// Spawns `command` (the group's shell, see [`start_on`]) from a thread that lives until the test
+/// process exits. When that thread dies — the test process exits, however it exits — the shell
+/// gets SIGTERM (`PR_SET_PDEATHSIG`) and kills its whole process group: vLLM's API server and the
+/// engine and worker processes it starts, which a signal to the server alone would leave running.
 fn spawn_for_the_process(mut command: Command) {
     use std::os::unix::process::CommandExt;
+    command.process_group(0);
     let (tx, rx) = std::sync::mpsc::channel::<std::io::Result<Child>>();
     std::thread::spawn(move || {
         // SAFETY: prctl is async-signal-safe; it only sets this child's parent-death signal.
         unsafe {
             command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0 {
                     Ok(())
                 } else {
                     Err(std::io::Error::last_os_error())
@@ -188,7 +198,7 @@ fn spawn_for_the_process(mut command: Command) {
         let failed = spawned.is_err();
         let _ = tx.send(spawned);
         if !failed {
-            // The child dies with this thread: keep it for the life of the process.
+            // The group dies with this thread: keep it for the life of the process.
             loop {
                 std::thread::park();
             }
