@@ -122,6 +122,9 @@ pub fn start_on(model_dir: PathBuf, extra: &[&str]) -> Vllm {
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--dtype", "bfloat16", "--max-model-len", "1024"])
         .args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+        // The recorded logprobs are those of the distribution each token was drawn from (see
+        // trainer/src/sampler.rs), as the deploy scripts run it.
+        .args(["--logprobs-mode", "processed_logprobs"])
         .args(extra)
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
         .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")

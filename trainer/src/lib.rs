@@ -17,6 +17,7 @@ pub mod publish;
 mod pyjson;
 pub mod rope;
 mod safetensors_io;
+pub mod sampler;
 pub mod samples;
 pub mod schedule;
 pub mod scoring;

@@ -17,6 +17,12 @@
 //! An end-of-turn token the engine did not return but the next prompt carries is a prompt token
 //! there: mask 0, as it was never sampled. A step dropped in between (side turn, duplicate,
 //! stale) leaves its tokens in the next prompt, so they join as context with mask 0.
+//!
+//! **The sampler.** Each span carries the [`Sampler`] that was in force for its call (the
+//! request's parameters, else the engine's defaults): the trainer scores it under that
+//! distribution. Its recorded log-probs are its behaviour only when they describe that
+//! distribution (see [`crate::sampler`]); otherwise the span is scored by the current policy and
+//! counted in [`SampleStats::logprobs_not_sampler`].
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::Range;
@@ -26,8 +32,10 @@ use clawback_datapool::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::sampler::{EngineDefaults, LogprobsMode, Sampler};
+
 /// What decides whether a step is still on-policy enough to learn from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SampleOptions {
     /// The version of the policy being trained (the tenant's live adapter); `None` turns the
     /// staleness check off.
@@ -39,6 +47,10 @@ pub struct SampleOptions {
     /// a step that would overflow it starts a new sample instead. `None`: no limit. A single
     /// step longer than this is left as it is, for the batcher to truncate or skip.
     pub max_merged_len: Option<usize>,
+    /// The engine's values for what a request left unset.
+    pub engine_defaults: EngineDefaults,
+    /// What the engine's recorded log-probs are.
+    pub logprobs_mode: LogprobsMode,
 }
 
 /// What [`samples_from`] did with the steps it was given; added up across calls for the
@@ -64,6 +76,14 @@ pub struct SampleStats {
     pub logprobs_missing: u64,
     /// Engine steps with an empty completion: nothing was generated, so nothing to learn.
     pub empty_completion: u64,
+    /// Engine steps whose recorded log-probs are raw while the sampler was not neutral: they
+    /// do not describe the distribution the tokens were drawn from, so the current policy
+    /// scores the span instead (run the engine with `processed_logprobs` to keep them).
+    #[serde(default)]
+    pub logprobs_not_sampler: u64,
+    /// Steps sampled greedily (temperature 0), scored at temperature 1 (see `sampler`).
+    #[serde(default)]
+    pub greedy: u64,
 }
 
 /// Where the behaviour log-probs of a generated span come from.
@@ -88,7 +108,7 @@ pub enum TokensSource {
 }
 
 /// The completion of one step inside a sample: where its reward, hint or teacher log-probs go.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GeneratedSpan {
     pub step: StepId,
     /// The step's 0-based position in its trajectory.
@@ -96,6 +116,8 @@ pub struct GeneratedSpan {
     /// Positions in [`Sample::input_ids`] of the step's completion tokens.
     pub positions: Range<usize>,
     pub behaviour: Behaviour,
+    /// The distribution its tokens were drawn from.
+    pub sampler: Sampler,
 }
 
 /// One training sequence: one step, or several consecutive steps whose ids extend each other.
@@ -158,6 +180,7 @@ impl Sample {
         step: &Step,
         engine: &EngineTokens,
         behaviour: Behaviour,
+        sampler: Sampler,
     ) -> Self {
         let mut sample = Sample {
             trajectory,
@@ -170,7 +193,7 @@ impl Sample {
             tokens_source: TokensSource::Engine,
         };
         sample.push_context(&engine.prompt_token_ids);
-        sample.push_completion(step.id, step.index, engine, behaviour);
+        sample.push_completion(step.id, step.index, engine, behaviour, sampler);
         sample
     }
 
@@ -183,10 +206,16 @@ impl Sample {
     }
 
     /// Appends the part of `engine`'s prompt this sequence does not have yet, then its completion.
-    fn extend_with(&mut self, step: &Step, engine: &EngineTokens, behaviour: Behaviour) {
+    fn extend_with(
+        &mut self,
+        step: &Step,
+        engine: &EngineTokens,
+        behaviour: Behaviour,
+        sampler: Sampler,
+    ) {
         let already = self.input_ids.len();
         self.push_context(&engine.prompt_token_ids[already..]);
-        self.push_completion(step.id, step.index, engine, behaviour);
+        self.push_completion(step.id, step.index, engine, behaviour, sampler);
     }
 
     fn push_context(&mut self, ids: &[u32]) {
@@ -201,6 +230,7 @@ impl Sample {
         step_index: u32,
         engine: &EngineTokens,
         behaviour: Behaviour,
+        sampler: Sampler,
     ) {
         let start = self.input_ids.len();
         self.input_ids
@@ -221,6 +251,7 @@ impl Sample {
             step_index,
             positions: start..self.input_ids.len(),
             behaviour,
+            sampler,
         });
     }
 }
@@ -228,12 +259,13 @@ impl Sample {
 /// A trainable step recorded without engine ids (an OpenAI upstream): the trainer renders its
 /// messages with the chat template, tokenises them, and builds the sample with
 /// [`TextOnlyStep::into_sample`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TextOnlyStep {
     pub trajectory: TrajectoryId,
     pub step: StepId,
     pub step_index: u32,
     pub policy: Option<PolicyRef>,
+    pub sampler: Sampler,
 }
 
 impl TextOnlyStep {
@@ -254,6 +286,7 @@ impl TextOnlyStep {
                 step_index: self.step_index,
                 positions: prompt_ids.len()..input_ids.len(),
                 behaviour: Behaviour::CurrentPolicy,
+                sampler: self.sampler,
             }],
             input_ids,
             loss_mask,
@@ -383,6 +416,7 @@ pub fn samples_from(
             stats.stale_dropped += 1;
             continue;
         }
+        let sampler = Sampler::resolve(&step.request.sampling, &options.engine_defaults);
         let engine = match &step.tokens {
             Tokens::Engine(engine) => engine,
             Tokens::None => {
@@ -393,6 +427,7 @@ pub fn samples_from(
                     step: step.id,
                     step_index: step.index,
                     policy: step.policy.clone(),
+                    sampler,
                 });
                 continue;
             }
@@ -402,21 +437,27 @@ pub fn samples_from(
             continue;
         }
         seen.insert(step.id);
+        if sampler.is_greedy() {
+            stats.greedy += 1;
+        }
         // A logprob list that does not pair up with the ids one for one cannot be trusted for
         // any token: positions would silently shift.
-        let behaviour = if engine.completion_logprobs.len() == engine.completion_token_ids.len() {
-            Behaviour::Recorded
-        } else {
+        let behaviour = if engine.completion_logprobs.len() != engine.completion_token_ids.len() {
             stats.logprobs_missing += 1;
             Behaviour::CurrentPolicy
+        } else if !sampler.logprobs_describe_it(options.logprobs_mode) {
+            stats.logprobs_not_sampler += 1;
+            Behaviour::CurrentPolicy
+        } else {
+            Behaviour::Recorded
         };
         match open.as_mut() {
             Some(sample) if sample.is_extended_by(step, engine, options) => {
-                sample.extend_with(step, engine, behaviour);
+                sample.extend_with(step, engine, behaviour, sampler);
                 stats.merged_steps += 1;
             }
             _ => {
-                let next = Sample::start(trajectory, step, engine, behaviour);
+                let next = Sample::start(trajectory, step, engine, behaviour, sampler);
                 out.samples.extend(open.replace(next));
             }
         }
@@ -473,6 +514,14 @@ mod tests {
         (out, stats)
     }
 
+    /// The engine ran `processed_logprobs`: recorded log-probs describe any sampler.
+    fn processed() -> SampleOptions {
+        SampleOptions {
+            logprobs_mode: LogprobsMode::Processed,
+            ..SampleOptions::default()
+        }
+    }
+
     fn ranges_of_ones(mask: &[u8]) -> Vec<Range<usize>> {
         let mut out = Vec::new();
         let mut start = None;
@@ -493,7 +542,7 @@ mod tests {
     fn two_steps_whose_prompts_extend_each_other_become_one_sequence_masked_on_completions_only() {
         let record = example();
         let (first, second) = (engine(&record.steps[0]), engine(&record.steps[1]));
-        let (out, stats) = run(&record, SampleOptions::default());
+        let (out, stats) = run(&record, processed());
 
         assert_eq!(out.samples.len(), 1);
         let s = &out.samples[0];
@@ -725,7 +774,7 @@ mod tests {
     fn logprobs_that_do_not_pair_up_with_the_ids_are_flagged_and_left_to_the_current_policy() {
         let mut record = example();
         engine_mut(&mut record.steps[1]).completion_logprobs.pop();
-        let (out, stats) = run(&record, SampleOptions::default());
+        let (out, stats) = run(&record, processed());
 
         assert_eq!(out.samples.len(), 1);
         let s = &out.samples[0];
@@ -739,6 +788,52 @@ mod tests {
         // The tokens are still generated: the mask does not depend on the logprobs.
         assert_eq!(ranges_of_ones(&s.loss_mask).len(), 2);
         assert_eq!(stats.logprobs_missing, 1);
+    }
+
+    #[test]
+    fn raw_logprobs_stand_for_the_behaviour_only_when_the_sampler_is_neutral() {
+        // The example was sampled at temperature 0.7: raw logprobs are not its distribution.
+        let mut record = example();
+        let (out, stats) = run(&record, SampleOptions::default());
+        let s = &out.samples[0];
+        assert!(s
+            .spans
+            .iter()
+            .all(|x| x.behaviour == Behaviour::CurrentPolicy));
+        assert_eq!(s.spans[0].sampler.temperature, 0.7);
+        assert_eq!(stats.logprobs_not_sampler, 2);
+        // The same call at temperature 1, no truncation, no penalty: raw is processed.
+        for step in &mut record.steps {
+            step.request.sampling.temperature = Some(1.0);
+            step.request.sampling.top_p = None;
+        }
+        let (out, stats) = run(&record, SampleOptions::default());
+        assert!(out.samples[0].behaviour_recorded());
+        assert_eq!(stats.logprobs_not_sampler, 0);
+        // Unset knobs come from the engine's defaults (generation_config.json).
+        for step in &mut record.steps {
+            step.request.sampling.temperature = None;
+        }
+        let defaults = EngineDefaults {
+            top_k: Some(20),
+            ..EngineDefaults::NONE
+        };
+        let options = SampleOptions {
+            engine_defaults: defaults,
+            ..SampleOptions::default()
+        };
+        let (out, stats) = run(&record, options);
+        assert_eq!(out.samples[0].spans[1].sampler.top_k, Some(20));
+        assert_eq!(stats.logprobs_not_sampler, 2);
+        let (out, stats) = run(
+            &record,
+            SampleOptions {
+                logprobs_mode: LogprobsMode::Processed,
+                ..options
+            },
+        );
+        assert!(out.samples[0].behaviour_recorded());
+        assert_eq!(stats.logprobs_not_sampler, 0);
     }
 
     #[test]

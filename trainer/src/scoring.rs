@@ -7,6 +7,7 @@ use tch::{Kind, Tensor};
 use crate::lora::LoraAdapter;
 use crate::losses::token_logprobs;
 use crate::model::{Model, ModelError};
+use crate::sampler::Sampler;
 
 /// Which weights score the completion under the hint-augmented context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +28,15 @@ impl Teacher {
     }
 }
 
-/// `log π(completion_t | prompt, completion_<t)` for every completion token, `[n]` in f32,
-/// without gradients. Empty when the completion is.
+/// `log π(completion_t | prompt, completion_<t)` for every completion token under `sampler`'s
+/// distribution (the model's own softmax when it is neutral), `[n]` in f32, without
+/// gradients. Empty when the completion is.
 pub fn completion_logprobs(
     model: &Model,
     adapter: Option<&LoraAdapter>,
     prompt: &[i64],
     completion: &[i64],
+    sampler: &Sampler,
 ) -> Result<Tensor, ModelError> {
     if completion.is_empty() || prompt.is_empty() {
         return Ok(Tensor::zeros([0], (Kind::Float, model.placement().device)));
@@ -48,6 +51,11 @@ pub fn completion_logprobs(
     let start = prompt.len() as i64 - 1;
     let n = completion.len() as i64;
     let scored = logits.narrow(1, start, n);
+    if !sampler.is_neutral() {
+        return Ok(sampler
+            .token_logprobs(&scored.squeeze_dim(0), prompt, completion)
+            .0);
+    }
     let targets = ids.narrow(1, start + 1, n).to_device(scored.device());
     Ok(token_logprobs(&scored, &targets).squeeze_dim(0))
 }
@@ -70,7 +78,8 @@ mod tests {
             ..SamplingParams::default()
         };
         let out = generate(&model, None, &prompt, &params).unwrap();
-        let scored = completion_logprobs(&model, None, &prompt, &out.token_ids).unwrap();
+        let scored =
+            completion_logprobs(&model, None, &prompt, &out.token_ids, &Sampler::NEUTRAL).unwrap();
         let scored = Vec::<f64>::try_from(&scored.to_kind(Kind::Double)).unwrap();
         for (a, b) in scored.iter().zip(&out.logprobs) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");

@@ -9,8 +9,11 @@
 //! Layout: position `t` of a sample is about token `t`; the model sees tokens `0..n-1` and
 //! column `j` of every `[rows, n-1]` tensor scores token `j + 1`.
 
+use std::ops::Range;
+
 use tch::{Device, Kind, Tensor};
 
+use crate::sampler::Sampler;
 use crate::samples::Behaviour;
 use crate::train::advantages::Scored;
 
@@ -27,6 +30,18 @@ pub fn plan(lengths: &[usize], token_budget: usize) -> Vec<Vec<usize>> {
         }
     }
     out
+}
+
+/// Columns of one row whose logits go through a non-neutral sampler before scoring.
+#[derive(Debug, Clone)]
+pub struct SampledSpan {
+    pub row: usize,
+    pub cols: Range<usize>,
+    pub sampler: Sampler,
+    /// Every token before the span's first scored token (the engine's prompt of the call).
+    pub context: Vec<i64>,
+    /// The tokens the columns score, in order.
+    pub completion: Vec<i64>,
 }
 
 /// The tensors of one micro-batch, `[rows, width]` each, on the training device.
@@ -47,6 +62,11 @@ pub struct MicroBatch {
     pub opd_mask: Tensor,
     /// 1 on generated tokens.
     pub loss_mask: Tensor,
+    /// `[rows, 1]`: 1 on rows served by the weights being trained now (what the
+    /// train/inference agreement is measured on).
+    pub served_by_current: Tensor,
+    /// The spans whose sampler is not the model's own softmax, by row then column.
+    pub sampled: Vec<SampledSpan>,
     /// Tokens the loss counts: generated and under the RL or the distillation mask.
     pub counted_tokens: usize,
     /// Every position, padding excluded: what tokens/s counts.
@@ -54,12 +74,14 @@ pub struct MicroBatch {
 }
 
 impl MicroBatch {
-    /// Lays out `items`; `teacher(prompt, completion)` scores a distilled span's completion
-    /// after its hint-augmented prompt.
+    /// Lays out `items`; `teacher(prompt, completion, sampler)` scores a distilled span's
+    /// completion after its hint-augmented prompt. `current_version` is the version the
+    /// weights being trained were (or will be) published as (0: none yet, the base).
     pub fn build<E>(
         items: &[&Scored],
         device: Device,
-        mut teacher: impl FnMut(&[u32], &[u32]) -> Result<Vec<f32>, E>,
+        current_version: u64,
+        mut teacher: impl FnMut(&[u32], &[u32], &Sampler) -> Result<Vec<f32>, E>,
     ) -> Result<Self, E> {
         let rows = items.len();
         let width = items
@@ -78,11 +100,15 @@ impl MicroBatch {
         let mut teacher_lp = vec![0f32; cells];
         let mut opd_mask = vec![0f32; cells];
         let mut loss_mask = vec![0f32; cells];
+        let mut served_by_current = vec![0f32; rows];
+        let mut sampled = Vec::new();
         let mut real_tokens = 0;
         for (r, item) in items.iter().enumerate() {
             let s = &item.sample;
             let row = r * width;
             real_tokens += s.len();
+            let served = s.policy.as_ref().map_or(0, |p| p.version);
+            served_by_current[r] = f32::from(u8::from(served == current_version));
             for (j, pair) in s.input_ids.windows(2).enumerate() {
                 inputs[row + j] = i64::from(pair[0]);
                 targets[row + j] = i64::from(pair[1]);
@@ -92,6 +118,17 @@ impl MicroBatch {
             for (k, span) in s.spans.iter().enumerate() {
                 // Position 0 is never predicted; a span can only start there with no prompt.
                 let cols = span.positions.start.max(1) - 1..span.positions.end - 1;
+                let skip = span.positions.len() - cols.len();
+                if !span.sampler.is_neutral() && !cols.is_empty() {
+                    let ids = |r: Range<usize>| s.input_ids[r].iter().map(|&x| i64::from(x));
+                    sampled.push(SampledSpan {
+                        row: r,
+                        cols: cols.clone(),
+                        sampler: span.sampler,
+                        context: ids(0..span.positions.start + skip).collect(),
+                        completion: ids(span.positions.start + skip..span.positions.end).collect(),
+                    });
+                }
                 if span.behaviour == Behaviour::CurrentPolicy {
                     from_policy[row + cols.start..row + cols.end].fill(1.0);
                 }
@@ -101,8 +138,7 @@ impl MicroBatch {
                 }
                 if let Some(prompt) = &item.teacher_prompts[k] {
                     let completion = &s.input_ids[span.positions.clone()];
-                    let scored = teacher(prompt, completion)?;
-                    let skip = span.positions.len() - cols.len();
+                    let scored = teacher(prompt, completion, &span.sampler)?;
                     for (c, lp) in cols.clone().zip(scored.into_iter().skip(skip)) {
                         teacher_lp[row + c] = lp;
                         opd_mask[row + c] = 1.0;
@@ -127,9 +163,55 @@ impl MicroBatch {
             teacher: t(&teacher_lp),
             opd_mask: t(&opd_mask),
             loss_mask: t(&loss_mask),
+            served_by_current: Tensor::from_slice(&served_by_current)
+                .view([rows as i64, 1])
+                .to_device(device),
+            sampled,
             counted_tokens,
             real_tokens,
         })
+    }
+
+    /// `logits` `[rows, width, vocab]` turned into those of the distributions the engine drew
+    /// each span from (see [`Sampler::apply`]), columns outside a non-neutral span as they
+    /// were, and `[rows, width]` f32 that is 0 where a target fell outside its truncated
+    /// support. Differentiable; no copy when every span is neutral.
+    pub fn sampled_logits(&self, logits: &Tensor) -> (Tensor, Tensor) {
+        let (rows, width, _) = logits.size3().unwrap_or((0, 0, 0));
+        let ones = |n: i64| Tensor::ones([n], (Kind::Float, logits.device()));
+        if self.sampled.is_empty() {
+            return (
+                logits.shallow_clone(),
+                ones(rows * width).view([rows, width]),
+            );
+        }
+        let mut out = Vec::with_capacity(rows as usize);
+        let mut kept = Vec::with_capacity(rows as usize);
+        for r in 0..rows as usize {
+            let row = logits.get(r as i64).to_kind(Kind::Float);
+            let mut pieces = Vec::new();
+            let mut kept_pieces = Vec::new();
+            let mut at = 0i64;
+            for span in self.sampled.iter().filter(|s| s.row == r) {
+                let (start, end) = (span.cols.start as i64, span.cols.end as i64);
+                if start > at {
+                    pieces.push(row.narrow(0, at, start - at));
+                    kept_pieces.push(ones(start - at));
+                }
+                let scored = row.narrow(0, start, end - start);
+                let processed = span.sampler.apply(&scored, &span.context, &span.completion);
+                pieces.push(processed.logits);
+                kept_pieces.push(processed.kept);
+                at = end;
+            }
+            if at < width {
+                pieces.push(row.narrow(0, at, width - at));
+                kept_pieces.push(ones(width - at));
+            }
+            out.push(Tensor::cat(&pieces, 0));
+            kept.push(Tensor::cat(&kept_pieces, 0));
+        }
+        (Tensor::stack(&out, 0), Tensor::stack(&kept, 0))
     }
 
     /// Whether any span of the micro-batch is distilled.

@@ -19,6 +19,7 @@ use crate::losses::{AdvantageWeights, ClipRange, GroupNormalization, LossConfig}
 use crate::model::Placement;
 use crate::optim::AdamWConfig;
 use crate::publish::PublishConfig;
+use crate::sampler::{EngineDefaults, LogprobsMode, SamplerError};
 use crate::schedule::{Decay, LrSchedule};
 use crate::scoring::Teacher;
 
@@ -76,6 +77,8 @@ pub struct TrainConfig {
     pub checkpoint: CheckpointSection,
     #[serde(default)]
     pub metrics: MetricsSection,
+    #[serde(default)]
+    pub sampler: SamplerSection,
     /// Per tenant: plugin name → weight in the reward's weighted mean (1.0 when not listed).
     #[serde(default)]
     pub reward_weights: BTreeMap<TenantId, RewardWeights>,
@@ -304,6 +307,39 @@ impl Default for BatchSection {
             max_staleness: 4,
             max_wait: Duration::from_secs(30),
             seen_capacity: 200_000,
+        }
+    }
+}
+
+/// How the engine sampled, so that the trainer scores each token under the distribution it was
+/// drawn from (see `sampler.rs`). Match it to how the engine runs.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplerSection {
+    /// Where the engine takes the parameters a request leaves unset from.
+    pub defaults: DefaultsSource,
+    /// What the engine's logprobs are: `raw` (vLLM's default) or `processed` (vLLM
+    /// `--logprobs-mode processed_logprobs`, which the deploy scripts set).
+    pub logprobs: LogprobsMode,
+}
+
+/// vLLM's `--generation-config`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DefaultsSource {
+    /// The model folder's `generation_config.json` (vLLM's `auto`, its default).
+    #[default]
+    GenerationConfig,
+    /// None beyond neutral (vLLM's `--generation-config vllm`).
+    Engine,
+}
+
+impl SamplerSection {
+    /// The engine's defaults for the base model in `model`.
+    pub fn engine_defaults(&self, model: &Path) -> Result<EngineDefaults, SamplerError> {
+        match self.defaults {
+            DefaultsSource::GenerationConfig => EngineDefaults::from_model_dir(model),
+            DefaultsSource::Engine => Ok(EngineDefaults::NONE),
         }
     }
 }

@@ -3,6 +3,7 @@
 use crate::lora::LoraError;
 use crate::losses::LossError;
 use crate::model::ModelError;
+use crate::sampler::SamplerError;
 use crate::train::checkpoint::CheckpointError;
 use crate::train::config::ConfigError;
 use crate::train::metrics::MetricsError;
@@ -39,6 +40,8 @@ pub enum TrainError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error("cannot read the engine's sampling defaults: {0}")]
+    Sampler(#[from] SamplerError),
     #[error("cannot set up publishing: {0}")]
     Publisher(String),
 }

@@ -49,10 +49,31 @@ pub struct StepReport {
     pub tokens: usize,
     pub tokens_per_second: f64,
     pub seconds: f64,
+    /// The trainer's log-probs against the engine's, where they describe the same weights and
+    /// sampler; `None` when no recorded token of the step was served by the weights trained now.
+    pub agreement: Option<Agreement>,
+    /// Generated tokens the current policy's truncation (top-k, top-p, min-p) no longer keeps:
+    /// left out of the loss.
+    pub outside_support: u64,
     /// Totals since start: what samples.rs left out ...
     pub samples_stats: SampleStats,
     /// ... and what scoring and batching left out.
     pub dropped: Dropped,
+}
+
+/// Train/inference agreement over one step: on generated tokens whose behaviour log-prob was
+/// recorded by the engine serving the very weights the trainer held at the step's start,
+/// `Δ = log π_trainer − log π_engine` under the call's sampler. bf16 serving against the
+/// trainer's f32 makes Δ nonzero; a wrong sampler makes it large.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Agreement {
+    pub tokens: u64,
+    pub mean_abs_logprob_diff: f64,
+    pub max_abs_logprob_diff: f64,
+    /// Spread of the importance ratio `exp(Δ)` (1 everywhere when they agree exactly).
+    pub ratio_std: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
 }
 
 impl StepReport {
@@ -61,9 +82,20 @@ impl StepReport {
         let reward = self
             .reward_mean
             .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
+        let agreement = self.agreement.map_or_else(String::new, |a| {
+            format!(
+                " |Δlogp| {:.4} (max {:.4}) ratio σ {:.4} [{:.3}, {:.3}] over {}",
+                a.mean_abs_logprob_diff,
+                a.max_abs_logprob_diff,
+                a.ratio_std,
+                a.ratio_min,
+                a.ratio_max,
+                a.tokens
+            )
+        });
         format!(
             "[{}] step {} lr {:.2e} loss {:.4} reward {} adv {:.3}±{:.3} clip {:.3} kl {:.4} \
-             entropy {:.3} |g| {:.3} samples {} tokens {} ({:.0} tok/s)",
+             entropy {:.3} |g| {:.3} samples {} tokens {} ({:.0} tok/s){agreement}",
             self.tenant,
             self.step,
             self.lr,
@@ -151,6 +183,10 @@ struct Prom {
     grad_norm: Family<TenantLabels, GaugeF>,
     lr: Family<TenantLabels, GaugeF>,
     tokens_per_second: Family<TenantLabels, GaugeF>,
+    agreement_mean: Family<TenantLabels, GaugeF>,
+    agreement_max: Family<TenantLabels, GaugeF>,
+    ratio_std: Family<TenantLabels, GaugeF>,
+    outside_support: Family<TenantLabels, Counter>,
     dropped: Family<DroppedLabels, Counter>,
     published: Family<TenantLabels, Counter>,
     publish_failures: Family<TenantLabels, Counter>,
@@ -176,6 +212,10 @@ impl Prom {
             grad_norm: Family::default(),
             lr: Family::default(),
             tokens_per_second: Family::default(),
+            agreement_mean: Family::default(),
+            agreement_max: Family::default(),
+            ratio_std: Family::default(),
+            outside_support: Family::default(),
             dropped: Family::default(),
             published: Family::default(),
             publish_failures: Family::default(),
@@ -221,6 +261,26 @@ impl Prom {
             "tokens_per_second",
             "Training throughput of the last step",
             p.tokens_per_second.clone(),
+        );
+        registry.register(
+            "logprob_diff_mean",
+            "Mean |trainer - engine| log-prob of the last step's tokens served by the trained weights",
+            p.agreement_mean.clone(),
+        );
+        registry.register(
+            "logprob_diff_max",
+            "Max |trainer - engine| log-prob of the last step's tokens served by the trained weights",
+            p.agreement_max.clone(),
+        );
+        registry.register(
+            "importance_ratio_std",
+            "Spread of the importance ratio on those tokens",
+            p.ratio_std.clone(),
+        );
+        registry.register(
+            "outside_support",
+            "Generated tokens the current policy's top-k/top-p/min-p no longer keeps (left out of the loss)",
+            p.outside_support.clone(),
         );
         registry.register(
             "dropped",
@@ -297,6 +357,18 @@ impl Prom {
         self.tokens_per_second
             .get_or_create(&l)
             .set(r.tokens_per_second);
+        if let Some(a) = r.agreement {
+            self.agreement_mean
+                .get_or_create(&l)
+                .set(a.mean_abs_logprob_diff);
+            self.agreement_max
+                .get_or_create(&l)
+                .set(a.max_abs_logprob_diff);
+            self.ratio_std.get_or_create(&l).set(a.ratio_std);
+        }
+        self.outside_support
+            .get_or_create(&l)
+            .inc_by(r.outside_support);
         for (reason, total) in dropped_totals(&r.samples_stats, &r.dropped) {
             let key = (l.tenant.clone(), reason);
             let before = self.dropped_seen.insert(key, total).unwrap_or(0);
@@ -318,13 +390,14 @@ impl Prom {
 }
 
 /// Every reason a step or sample was left out, with its total.
-pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 17] {
+pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 18] {
     [
         ("stale", s.stale_dropped),
         ("duplicate", s.duplicate_dropped),
         ("not_trainable", s.not_trainable),
         ("empty_completion", s.empty_completion),
         ("logprobs_missing", s.logprobs_missing),
+        ("logprobs_not_sampler", s.logprobs_not_sampler),
         ("text_only", s.text_only),
         ("no_reward", d.no_reward),
         ("no_signal", d.no_signal),
@@ -373,10 +446,15 @@ impl Metrics {
     ) -> Result<Self, MetricsError> {
         let jsonl = match jsonl {
             Some(path) => Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
+                path.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| {
+                        std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(path)
+                    })
                     .map_err(|source| MetricsError::Jsonl {
                         path: path.display().to_string(),
                         source,
@@ -559,6 +637,15 @@ mod tests {
             tokens: 400,
             tokens_per_second: 1234.0,
             seconds: 0.3,
+            agreement: Some(Agreement {
+                tokens: 90,
+                mean_abs_logprob_diff: 0.004,
+                max_abs_logprob_diff: 0.03,
+                ratio_std: 0.005,
+                ratio_min: 0.97,
+                ratio_max: 1.03,
+            }),
+            outside_support: 2,
             samples_stats: SampleStats {
                 stale_dropped: 2,
                 ..SampleStats::default()
@@ -616,6 +703,14 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("reason=\"stale\"} 2"), "{page}");
+        assert!(
+            page.contains("clawback_trainer_logprob_diff_max{tenant=\"acme\"} 0.03"),
+            "{page}"
+        );
+        assert!(
+            page.contains("clawback_trainer_outside_support_total{tenant=\"acme\"} 4"),
+            "{page}"
+        );
         assert!(get(addr, "/").starts_with("HTTP/1.1 404"));
 
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
@@ -626,6 +721,8 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["step"], 4);
         assert_eq!(lines[1]["dropped"]["filter_errors"], 3);
+        assert_eq!(lines[1]["agreement"]["mean_abs_logprob_diff"], 0.004);
+        assert!(report().line().contains("|Δlogp| 0.0040 (max 0.0300)"));
         assert!(report().line().contains("[acme] step 3"));
         let _ = std::fs::remove_dir_all(&dir);
     }

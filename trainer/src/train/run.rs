@@ -21,6 +21,7 @@ use tokio::runtime::Runtime;
 
 use crate::model::Model;
 use crate::publish::Publisher;
+use crate::sampler::EngineDefaults;
 use crate::train::config::{Tenants, TrainConfig};
 use crate::train::error::TrainError;
 use crate::train::metrics::{Metrics, PublishReport};
@@ -110,6 +111,14 @@ pub fn run(
         source,
     })?;
     let text = TextCodec::load(&config.model);
+    let engine_defaults = config.sampler.engine_defaults(&config.model)?;
+    if config.metrics.progress {
+        println!(
+            "sampler: engine defaults {}; recorded logprobs are {:?}",
+            engine_defaults.describe(),
+            config.sampler.logprobs
+        );
+    }
     let metrics = Metrics::new(
         config.metrics.progress,
         config.metrics.jsonl.as_deref(),
@@ -121,6 +130,7 @@ pub fn run(
         store: store.as_ref(),
         model: &model,
         text: text.as_ref(),
+        engine_defaults,
         metrics,
         consumer: Consumer {
             group: config.consumer.group.clone(),
@@ -162,6 +172,7 @@ struct Loop<'a> {
     store: &'a dyn Store,
     model: &'a Model,
     text: Option<&'a TextCodec>,
+    engine_defaults: EngineDefaults,
     metrics: Metrics,
     consumer: Consumer,
     base_model: String,
@@ -237,6 +248,7 @@ impl Loop<'_> {
         let weights = self.config.reward_weights(tenant);
         let options = score_options(
             self.config,
+            self.engine_defaults,
             self.model.config().vocab_size,
             &weights,
             self.text,

@@ -13,7 +13,7 @@ use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{DeliveryId, StepId, TenantId, TrajectoryRecord, UnixMs};
-use tch::Kind;
+use tch::{Kind, Tensor};
 
 use crate::lora::{LoraAdapter, LoraError};
 use crate::losses::{
@@ -22,6 +22,7 @@ use crate::losses::{
 };
 use crate::model::Model;
 use crate::optim::Optimizer;
+use crate::sampler::EngineDefaults;
 use crate::samples::{SampleOptions, SampleStats, SeenSteps};
 use crate::scoring::{completion_logprobs, Teacher};
 use crate::train::advantages::{score_delivery, Dropped, ScoreOptions, Scored};
@@ -29,7 +30,7 @@ use crate::train::batch::{plan, MicroBatch};
 use crate::train::checkpoint::{CheckpointState, TenantCheckpoints};
 use crate::train::config::TrainConfig;
 use crate::train::error::TrainError;
-use crate::train::metrics::StepReport;
+use crate::train::metrics::{Agreement, StepReport};
 use crate::train::text::TextCodec;
 
 /// The scored samples of one delivery, waiting for an optimizer step.
@@ -232,19 +233,27 @@ impl TenantTrainer {
             Teacher::CurrentPolicy => Some(&self.adapter),
         };
         let mut batches = Vec::with_capacity(groups.len());
+        // The weights trained now are published, when they are, as this version.
+        let current_version = self.optimizer.steps();
         for group in &groups {
             let rows: Vec<&Scored> = group.iter().map(|&i| &items[i]).collect();
-            let mb = MicroBatch::build(&rows, device, |prompt, completion| {
-                let to_i64 = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
-                let lp = completion_logprobs(
-                    model,
-                    teacher_adapter,
-                    &to_i64(prompt),
-                    &to_i64(completion),
-                )?;
-                Vec::<f32>::try_from(&lp.to_kind(Kind::Float).to_device(tch::Device::Cpu))
-                    .map_err(TrainError::Torch)
-            })?;
+            let mb = MicroBatch::build(
+                &rows,
+                device,
+                current_version,
+                |prompt, completion, sampler| {
+                    let to_i64 = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+                    let lp = completion_logprobs(
+                        model,
+                        teacher_adapter,
+                        &to_i64(prompt),
+                        &to_i64(completion),
+                        sampler,
+                    )?;
+                    Vec::<f32>::try_from(&lp.to_kind(Kind::Float).to_device(tch::Device::Cpu))
+                        .map_err(TrainError::Torch)
+                },
+            )?;
             if mb.counted_tokens > 0 {
                 batches.push(mb);
             }
@@ -286,6 +295,8 @@ impl TenantTrainer {
             tokens,
             tokens_per_second: tokens as f64 / seconds.max(1e-9),
             seconds,
+            agreement: acc.agreement(),
+            outside_support: acc.outside_support as u64,
             samples_stats: self.stats,
             dropped: self.dropped,
         }))
@@ -302,13 +313,18 @@ impl TenantTrainer {
         share: f64,
         acc: &mut Accumulated,
     ) -> Result<(), TrainError> {
-        let logits = model.forward(&mb.inputs, Some(&self.adapter), true)?;
+        // The distribution each token was drawn from: the model's logits through its sampler.
+        // A token the current policy's truncation would no longer keep has probability 0: it
+        // leaves the loss (ratio 0, no gradient, KL undefined) and is counted.
+        let (logits, in_support) =
+            mb.sampled_logits(&model.forward(&mb.inputs, Some(&self.adapter), true)?);
+        let current = tch::no_grad(|| token_logprobs(&logits.detach(), &mb.targets));
         let behaviour = if mb.needs_policy_behaviour {
-            let current = tch::no_grad(|| token_logprobs(&logits.detach(), &mb.targets));
             current.where_self(&mb.from_policy.gt(0.0), &mb.behaviour)
         } else {
             mb.behaviour.shallow_clone()
         };
+        acc.observe_agreement(mb, &current, &in_support);
         let opd_adv = if mb.has_opd() {
             Some(opd_advantages(&mb.teacher, &behaviour)?)
         } else {
@@ -325,10 +341,12 @@ impl TenantTrainer {
         let Some((advantages, mask)) = combined_advantages(Some(rl), opd, weights) else {
             return Ok(());
         };
-        let mask = mask * &mb.loss_mask;
+        let mask = mask * &mb.loss_mask * &in_support;
         let reference = if loss_config.kl_coef > 0.0 {
             let base = tch::no_grad(|| model.forward(&mb.inputs, None, false))?;
-            Some(tch::no_grad(|| token_logprobs(&base, &mb.targets)))
+            Some(tch::no_grad(|| {
+                token_logprobs(&mb.sampled_logits(&base).0, &mb.targets)
+            }))
         } else {
             None
         };
@@ -423,11 +441,73 @@ struct Accumulated {
     adv_sum: f64,
     adv_sq_sum: f64,
     adv_count: f64,
+    /// Train/inference agreement over recorded tokens served by the weights trained now.
+    agree_tokens: f64,
+    agree_abs_sum: f64,
+    agree_abs_max: f64,
+    ratio_sum: f64,
+    ratio_sq_sum: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+    outside_support: f64,
+}
+
+impl Accumulated {
+    /// Adds one micro-batch's `current` log-probs (before this step's update) against the
+    /// engine's recorded ones, on generated tokens whose behaviour was recorded by the weights
+    /// being trained: what the trainer and the engine disagree on for the same policy.
+    fn observe_agreement(&mut self, mb: &MicroBatch, current: &Tensor, in_support: &Tensor) {
+        tch::no_grad(|| {
+            let outside: Tensor = &mb.loss_mask * (1.0 - in_support);
+            self.outside_support += outside.sum(Kind::Double).double_value(&[]);
+            let recorded: Tensor = 1.0 - &mb.from_policy;
+            let counted: Tensor = &mb.loss_mask * recorded * &mb.served_by_current * in_support;
+            let n = counted.sum(Kind::Double).double_value(&[]);
+            if n == 0.0 {
+                return;
+            }
+            let diff = (current - &mb.behaviour) * &counted;
+            let abs = diff.abs();
+            let ratio = diff.exp();
+            let on = counted.gt(0.0);
+            let first = self.agree_tokens == 0.0;
+            self.agree_tokens += n;
+            self.agree_abs_sum += abs.sum(Kind::Double).double_value(&[]);
+            self.agree_abs_max = self.agree_abs_max.max(abs.max().double_value(&[]));
+            self.ratio_sum += (&ratio * &counted).sum(Kind::Double).double_value(&[]);
+            self.ratio_sq_sum += (&ratio * &ratio * &counted)
+                .sum(Kind::Double)
+                .double_value(&[]);
+            let masked = |fill: f64| ratio.masked_fill(&on.logical_not(), fill);
+            let (lo, hi) = (
+                masked(f64::INFINITY).min().double_value(&[]),
+                masked(f64::NEG_INFINITY).max().double_value(&[]),
+            );
+            self.ratio_min = if first { lo } else { self.ratio_min.min(lo) };
+            self.ratio_max = if first { hi } else { self.ratio_max.max(hi) };
+        });
+    }
+
+    fn agreement(&self) -> Option<Agreement> {
+        (self.agree_tokens > 0.0).then(|| {
+            let n = self.agree_tokens;
+            let mean = self.ratio_sum / n;
+            Agreement {
+                tokens: n as u64,
+                mean_abs_logprob_diff: self.agree_abs_sum / n,
+                max_abs_logprob_diff: self.agree_abs_max,
+                ratio_std: (self.ratio_sq_sum / n - mean * mean).max(0.0).sqrt(),
+                ratio_min: self.ratio_min,
+                ratio_max: self.ratio_max,
+            }
+        })
+    }
 }
 
 /// The options scoring needs, borrowed from the config and the loaded parts.
 pub fn score_options<'a>(
     config: &TrainConfig,
+    engine_defaults: EngineDefaults,
     vocab_size: i64,
     weights: &'a clawback_datapool::reward::RewardWeights,
     text: Option<&'a TextCodec>,
@@ -438,6 +518,8 @@ pub fn score_options<'a>(
             current_version,
             max_staleness: config.batch.max_staleness,
             max_merged_len: Some(config.batch.max_seq_len),
+            engine_defaults,
+            logprobs_mode: config.sampler.logprobs,
         },
         weights,
         normalization: config.group_normalization(),
