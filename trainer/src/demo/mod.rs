@@ -1,6 +1,7 @@
 //! `clawback-trainer demo`: deploy = training on one machine, CPU only, in a few minutes.
 //!
-//! It writes a tiny random model, starts the reference backend on it (`serve`), one or more
+//! It writes a tiny random model, starts an engine on it (the reference backend, `serve`, or
+//! the real vLLM with `--backend vllm`), one or more
 //! sidecars in front of it (`clawback-sidecar serve`, the embedded store or Redis), and the
 //! trainer (`train`, publishing every checkpoint), then plays two tenants' agents against the
 //! sidecars: each round, every tenant runs a group of rollouts of one prompt, opened through
@@ -12,6 +13,7 @@
 //! requests served and failed, the swaps and how long publishing took.
 
 mod chart;
+mod engine;
 mod files;
 mod processes;
 mod summary;
@@ -19,15 +21,14 @@ mod teach;
 mod watch;
 mod workload;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub use engine::{Backend, Engine};
 pub use summary::Summary;
 
-use crate::tiny_model::TinyModel;
 use files::{RunDir, Training, Wiring};
 use processes::Process;
 
@@ -45,6 +46,8 @@ pub struct DemoOptions {
     pub sidecar: PathBuf,
     /// The `letter_case.wasm` plugin (built in `wasm-plugins/`).
     pub plugin: PathBuf,
+    /// What serves the model.
+    pub engine: Engine,
     /// Redis instead of the embedded store.
     pub redis: Option<String>,
     pub rounds: u32,
@@ -143,6 +146,13 @@ pub fn run(options: &DemoOptions) -> Result<Summary> {
             options.plugin.display()
         );
     }
+    if options.restart_backend_at.is_some() && options.engine != Engine::Reference {
+        bail!(
+            "--restart-backend-at needs the reference backend: vLLM forgets the adapters it \
+             loaded at run time when it restarts, and its filesystem resolver only takes adapters \
+             whose base_model_name_or_path is the served name"
+        );
+    }
     if !options.sidecar.is_file() {
         bail!(
             "{} is missing: build it (cargo build --release -p clawback-sidecar)",
@@ -155,16 +165,10 @@ pub fn run(options: &DemoOptions) -> Result<Summary> {
     tch::set_num_threads(1);
     let run = RunDir::create(&options.dir)?;
     say(&format!("run folder {}", run.root.display()));
-    TinyModel {
-        layers: 2,
-        hidden: 64,
-        intermediate: 128,
-        heads: 4,
-        kv_heads: 2,
-        init_std: 0.3,
-        seed: options.seed as i64,
-    }
-    .write(&run.model())?;
+    options
+        .engine
+        .tiny_model(options.seed as i64)
+        .write(&run.model())?;
     let suffix = options
         .redis
         .as_ref()
@@ -184,9 +188,12 @@ pub fn run(options: &DemoOptions) -> Result<Summary> {
         .with_context(|| format!("copying {}", options.plugin.display()))?;
 
     let exe = std::env::current_exe().context("finding this executable")?;
-    let mut backend = Backend::start(exe.clone(), &run, 0)?;
+    say(&format!("starting {}", options.engine.describe()));
+    // Each tenant's live version and the one replacing it, loaded side by side while it drains.
+    let mut backend = Backend::start(&options.engine, exe.clone(), &run, 0, 2 * tenants.len())?;
     say(&format!(
-        "reference backend (tiny model) on {}",
+        "{} (tiny model) on {}",
+        options.engine.describe(),
         backend.url()
     ));
     let admin_token = format!("demo-admin-{:x}", std::process::id());
@@ -197,6 +204,7 @@ pub fn run(options: &DemoOptions) -> Result<Summary> {
         redis: options.redis.as_deref(),
         admin_token: &admin_token,
         tenants: &tenants,
+        engine: &options.engine,
     };
     let config = run.write("sidecar.toml", &files::sidecar_toml(&wiring))?;
     let mut sidecars = Vec::new();
@@ -267,7 +275,13 @@ pub fn run(options: &DemoOptions) -> Result<Summary> {
     }
     backend.process.stop(Duration::from_secs(5));
     let outcome = outcome?;
-    let summary = Summary::new(&plan, &run, outcome, started.elapsed())?;
+    let summary = Summary::new(
+        &plan,
+        &run,
+        outcome,
+        started.elapsed(),
+        options.engine.describe(),
+    )?;
     std::fs::write(run.summary(), serde_json::to_string_pretty(&summary)?)
         .with_context(|| format!("writing {}", run.summary().display()))?;
     std::fs::write(run.chart(), chart::svg(&summary))
@@ -280,73 +294,6 @@ pub fn run(options: &DemoOptions) -> Result<Summary> {
         run.logs().display()
     ));
     Ok(summary)
-}
-
-/// The reference backend: this binary's `serve`, on a port kept across restarts.
-pub struct Backend {
-    process: Process,
-    addr: SocketAddr,
-    restarts: u32,
-    exe: PathBuf,
-}
-
-impl Backend {
-    fn start(exe: PathBuf, run: &RunDir, port: u16) -> Result<Self> {
-        let args: Vec<String> = [
-            "serve",
-            "--model",
-            &run.model().display().to_string(),
-            "--served-model-name",
-            BASE_MODEL,
-            "--port",
-            &port.to_string(),
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-            "--max-num-seqs",
-            "32",
-            "--lora-resolver-dir",
-            &run.adapters().display().to_string(),
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        let (process, url) = Process::start(
-            "backend",
-            &exe,
-            &args,
-            &run.logs(),
-            Some("clawback-trainer serve: listening on http://"),
-            Duration::from_secs(60),
-        )?;
-        let addr = url
-            .context("the backend's address")?
-            .parse()
-            .context("the backend's address")?;
-        Ok(Self {
-            process,
-            addr,
-            restarts: 0,
-            exe,
-        })
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Kills it (SIGKILL: nothing is saved) and starts it again on the same port.
-    pub fn restart(&mut self, run: &RunDir) -> Result<()> {
-        self.process.kill();
-        let mut again = Self::start(self.exe.clone(), run, self.addr.port())?;
-        again.restarts = self.restarts + 1;
-        *self = again;
-        Ok(())
-    }
-
-    pub fn restarts(&self) -> u32 {
-        self.restarts
-    }
 }
 
 /// A line of the demo's own narration, on stderr.

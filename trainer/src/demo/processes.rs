@@ -16,6 +16,34 @@ pub struct Process {
     name: String,
     child: Child,
     log: PathBuf,
+    /// Signals go to its whole process group (it starts processes of its own, as vLLM does).
+    group: bool,
+}
+
+/// What to start: the program and its arguments, and whether it leads a process group of its
+/// own that is signalled as a whole.
+pub struct Spawn {
+    pub command: Command,
+    pub group: bool,
+}
+
+impl Spawn {
+    pub fn new(program: &Path, args: &[String]) -> Self {
+        let mut command = Command::new(program);
+        command.args(args);
+        Spawn {
+            command,
+            group: false,
+        }
+    }
+
+    /// The child leads a process group of its own, stopped and killed as one.
+    pub fn grouped(mut self) -> Self {
+        use std::os::unix::process::CommandExt;
+        self.command.process_group(0);
+        self.group = true;
+        self
+    }
 }
 
 impl Process {
@@ -30,6 +58,19 @@ impl Process {
         banner: Option<&str>,
         wait: Duration,
     ) -> Result<(Self, Option<String>)> {
+        Self::spawn(name, Spawn::new(program, args), log_dir, banner, wait)
+    }
+
+    /// [`Process::start`] for a prepared [`Spawn`].
+    pub fn spawn(
+        name: &str,
+        spawn: Spawn,
+        log_dir: &Path,
+        banner: Option<&str>,
+        wait: Duration,
+    ) -> Result<(Self, Option<String>)> {
+        let Spawn { mut command, group } = spawn;
+        let program = command.get_program().to_string_lossy().into_owned();
         let log = log_dir.join(format!("{name}.log"));
         let open = || {
             File::options()
@@ -39,13 +80,12 @@ impl Process {
                 .with_context(|| format!("opening {}", log.display()))
         };
         let mut stdout_log = open()?;
-        let mut child = Command::new(program)
-            .args(args)
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(open()?)
             .spawn()
-            .with_context(|| format!("starting {name}: {}", program.display()))?;
+            .with_context(|| format!("starting {name}: {program}"))?;
         let stdout = child.stdout.take().context("the child's stdout")?;
         let (found, banner_line) = mpsc::channel();
         let wanted = banner.map(str::to_owned);
@@ -64,6 +104,7 @@ impl Process {
             name: name.to_owned(),
             child,
             log,
+            group,
         };
         let Some(banner) = banner else {
             return Ok((process, None));
@@ -101,9 +142,7 @@ impl Process {
         if !self.running() {
             return;
         }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        self.signal("-TERM");
         let started = Instant::now();
         while started.elapsed() < grace {
             if !self.running() {
@@ -114,10 +153,20 @@ impl Process {
         self.kill();
     }
 
-    /// SIGKILL, and reaps it.
+    /// SIGKILL (to the whole group when it leads one), and reaps it.
     pub fn kill(&mut self) {
+        if self.group {
+            self.signal("-KILL");
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The process's id as `kill` takes it: negative for its whole group.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let target = if self.group { format!("-{pid}") } else { pid };
+        let _ = Command::new("kill").args([signal, "--", &target]).status();
     }
 
     /// The last lines of its log, for error messages.

@@ -16,6 +16,8 @@ use crate::train::metrics::PublishReport;
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
+    /// The engine that served the model, in words.
+    pub engine: String,
     pub seconds: f64,
     pub rounds: u32,
     pub group_size: u32,
@@ -122,7 +124,13 @@ fn median_and_max(mut values: Vec<f64>) -> (f64, f64) {
 }
 
 impl Summary {
-    pub fn new(plan: &Plan, run: &RunDir, outcome: Outcome, elapsed: Duration) -> Result<Self> {
+    pub fn new(
+        plan: &Plan,
+        run: &RunDir,
+        outcome: Outcome,
+        elapsed: Duration,
+        engine: String,
+    ) -> Result<Self> {
         let window = (plan.rounds / 5).max(2);
         let obs = &outcome.observations;
         let live_publishes: Vec<&PublishReport> =
@@ -207,6 +215,7 @@ impl Summary {
             _ => None,
         };
         Ok(Summary {
+            engine,
             seconds: elapsed.as_secs_f64(),
             rounds: plan.rounds,
             group_size: plan.group_size,
@@ -230,7 +239,8 @@ impl Summary {
     pub fn text(&self) -> String {
         let fmt = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:+.3}"));
         let mut out = format!(
-            "\nclawback demo: {} rounds × {} tenants × {} rollouts in {:.0} s\n",
+            "\nclawback demo on {}: {} rounds × {} tenants × {} rollouts in {:.0} s\n",
+            self.engine,
             self.rounds,
             self.tenants.len(),
             self.group_size,
