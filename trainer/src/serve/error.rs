@@ -15,6 +15,13 @@ pub enum ServeError {
     /// A request the server cannot honour as sent (vLLM's `BadRequestError`).
     #[error("{0}")]
     BadRequest(String),
+    /// vLLM 0.32's refusal of a `max_tokens` past the model's length, before any prompt check.
+    #[error("{key}={asked} cannot be greater than max_model_len={max_len}. Please request fewer output tokens. (parameter={key}, value={asked})")]
+    MaxTokensTooLarge {
+        key: &'static str,
+        asked: usize,
+        max_len: usize,
+    },
     #[error("The model `{0}` does not exist.")]
     ModelNotFound(String),
     #[error("The lora adapter '{0}' cannot be found.")]
@@ -61,6 +68,7 @@ impl ServeError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_)
+            | Self::MaxTokensTooLarge { .. }
             | Self::AdapterExists(_)
             | Self::TooManyAdapters { .. }
             | Self::AdapterLoad { .. }
@@ -90,6 +98,7 @@ impl ServeError {
         };
         let param = match self {
             Self::ModelNotFound(_) => json!("model"),
+            Self::MaxTokensTooLarge { key, .. } => json!(key),
             _ => Value::Null,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param,

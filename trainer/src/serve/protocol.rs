@@ -83,12 +83,31 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    /// How many alternatives to report per token (an integer here, unlike chat).
-    pub logprobs: Option<usize>,
+    /// How many alternatives to report per token (an integer here, unlike chat; vLLM takes
+    /// `true` as 1 and `false` as none).
+    pub logprobs: Option<LogprobsCount>,
     #[serde(default)]
     pub echo: bool,
     #[serde(default)]
     pub return_token_ids: bool,
+}
+
+/// A completions `logprobs`: a count, or a boolean as vLLM's pydantic model coerces it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum LogprobsCount {
+    Count(usize),
+    Flag(bool),
+}
+
+impl LogprobsCount {
+    pub fn count(self) -> Option<usize> {
+        match self {
+            Self::Count(k) => Some(k),
+            Self::Flag(true) => Some(1),
+            Self::Flag(false) => None,
+        }
+    }
 }
 
 /// POST /v1/load_lora_adapter.
@@ -198,7 +217,7 @@ impl ChatRequest {
 
 impl CompletionRequest {
     pub fn top_logprobs(&self) -> Result<usize, ServeError> {
-        match self.logprobs {
+        match self.logprobs.and_then(LogprobsCount::count) {
             Some(k) if k > MAX_TOP_LOGPROBS => Err(ServeError::BadRequest(format!(
                 "logprobs must be at most {MAX_TOP_LOGPROBS}, got {k}."
             ))),

@@ -52,6 +52,13 @@ pub async fn start(
     if prompt.is_empty() {
         return Err(ServeError::BadRequest("The prompt is empty.".to_owned()));
     }
+    if let Some(asked) = checked.max_tokens.filter(|&n| n > max_len) {
+        return Err(ServeError::MaxTokensTooLarge {
+            key: "max_tokens",
+            asked,
+            max_len,
+        });
+    }
     let room = max_len.saturating_sub(prompt.len());
     let max_tokens = checked.max_tokens.unwrap_or(room);
     // `max_tokens` comes from the request: near usize::MAX the sum would wrap and pass.

@@ -32,9 +32,13 @@ pub fn usage(prompt: usize, completion: usize, with_details: bool) -> Value {
     });
     if with_details {
         usage["prompt_tokens_details"] = Value::Null;
+        usage["completion_tokens_details"] = Value::Null;
     }
     usage
 }
+
+/// `system_fingerprint`: vLLM names its version (and a config hash) there; so does this server.
+pub const SYSTEM_FINGERPRINT: &str = concat!("clawback-serve-", env!("CARGO_PKG_VERSION"));
 
 /// The closing chunk of a stream with `stream_options.include_usage`.
 pub fn usage_chunk(
@@ -142,11 +146,17 @@ pub fn tool_calls(calls: &[(String, ToolCall)], with_index: bool) -> Value {
 
 /// The assistant message of a non-streamed chat completion.
 pub fn chat_message(content: Option<&str>, calls: &[(String, ToolCall)]) -> Value {
-    json!({
+    let mut message = json!({
         "role": "assistant", "content": content, "refusal": null, "annotations": null,
-        "audio": null, "function_call": null, "tool_calls": tool_calls(calls, false),
-        "reasoning_content": null
-    })
+        "audio": null, "function_call": null
+    });
+    // vLLM 0.32 has no `tool_calls` key on a message without any, and names the thinking
+    // text `reasoning`.
+    if !calls.is_empty() {
+        message["tool_calls"] = tool_calls(calls, false);
+    }
+    message["reasoning"] = Value::Null;
+    message
 }
 
 /// `GET /v1/models`.
