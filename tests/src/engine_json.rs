@@ -21,8 +21,8 @@ pub const EOS_TEXT: &str = "<|im_end|>";
 const CREATED: u64 = 1_764_400_000;
 /// vLLM's `system_fingerprint` (its version; the real one appends a config hash).
 const SYSTEM_FINGERPRINT: &str = "vllm-0.32.0";
-/// The mock model's context length (`max_model_len`).
-pub const MAX_MODEL_LEN: u64 = 1024;
+/// The mock model's context length (`max_model_len`, as `/v1/models` says).
+pub const MAX_MODEL_LEN: u64 = 32_768;
 
 /// What the mock model decided to say.
 #[derive(Debug, Clone)]
@@ -627,7 +627,7 @@ pub fn models() -> Value {
         "object": "list",
         "data": [{
             "id": MODEL, "object": "model", "created": CREATED, "owned_by": "vllm",
-            "root": "/models/mock-llama", "parent": null, "max_model_len": 32768,
+            "root": "/models/mock-llama", "parent": null, "max_model_len": MAX_MODEL_LEN,
             "permission": [{
                 "id": "modelperm-1f6e0b7a", "object": "model_permission", "created": CREATED,
                 "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
@@ -651,6 +651,29 @@ pub fn error_on(status: u16, message: &str, param: Option<&str>) -> Value {
         _ => "InternalServerError",
     };
     json!({"error": {"message": message, "type": kind, "param": param, "code": status}})
+}
+
+/// vLLM's request validation (FastAPI + pydantic): a sampling field that is not a number is
+/// refused with `"type": "Bad Request"` and the field as `param`.
+pub fn validation_error(request: &Value) -> Option<Value> {
+    const NUMBERS: [&str; 6] = [
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+    ];
+    let field = NUMBERS.iter().find(|k| {
+        request
+            .get(**k)
+            .is_some_and(|v| !v.is_number() && !v.is_null())
+    })?;
+    Some(json!({"error": {
+        "message": format!("1 validation error:\n  {{'type': 'float_parsing', 'loc': \
+                            'body.{field}', 'msg': 'Input should be a valid number'}}"),
+        "type": "Bad Request", "param": format!("body.{field}"), "code": 400
+    }}))
 }
 
 /// vLLM's refusal of a `max_tokens` past the model's length (0.32's words), if `request` asks

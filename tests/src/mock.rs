@@ -308,10 +308,10 @@ fn answer(
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let stream = request["stream"] == true;
     let generates = matches!(path, "/v1/chat/completions" | "/v1/completions");
-    if let Some(refusal) = generates
-        .then(|| shapes::max_tokens_error(&request))
-        .flatten()
-    {
+    let refusal = generates
+        .then(|| shapes::validation_error(&request).or_else(|| shapes::max_tokens_error(&request)))
+        .flatten();
+    if let Some(refusal) = refusal {
         return (
             StatusCode::BAD_REQUEST,
             "application/json",

@@ -430,10 +430,28 @@ async fn assert_shapes_match(name: &str, ours_url: &str) {
             wrong.push(format!("{case}:\n  vLLM {real}\n  {name} {ours}"));
         }
     }
-    // An error in vLLM's words: a prompt plus max_tokens past the model's length.
-    let too_long = chat("Hi", json!({"max_tokens": 100_000}));
+    // Errors in vLLM's words: max_tokens past the model's length (vLLM's own check), and a
+    // body its request model refuses (pydantic's: `"type": "Bad Request"`, with a space).
+    for (case, bad) in [
+        ("max_tokens", chat("Hi", json!({"max_tokens": 100_000}))),
+        ("malformed", chat("Hi", json!({"temperature": "hot"}))),
+    ] {
+        error_shapes_match(name, ours_url, case, &bad, &mut wrong).await;
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// `bad` to vLLM and to `ours`: the same status, error shape, `type` and `code`.
+async fn error_shapes_match(
+    name: &str,
+    ours_url: &str,
+    case: &str,
+    bad: &Value,
+    wrong: &mut Vec<String>,
+) {
+    let vllm = &vllm::shared().url;
     let error = |base: String| {
-        let request = too_long.clone();
+        let request = bad.clone();
         async move {
             let response = client()
                 .post(format!("{base}/v1/chat/completions"))
@@ -454,8 +472,7 @@ async fn assert_shapes_match(name: &str, ours_url: &str) {
         || key(&real) != key(&ours)
     {
         wrong.push(format!(
-            "error: vLLM {real_status} {real}\n  {name} {ours_status} {ours}"
+            "{case} error: vLLM {real_status} {real}\n  {name} {ours_status} {ours}"
         ));
     }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -29,10 +29,16 @@
 //! distribution: the engine ran `processed_logprobs`, or the sampler is neutral (raw equals
 //! processed). Otherwise the span's behaviour comes from the current policy under the sampler
 //! (ratio 1 at the first update), and the step is counted.
+//!
+//! **What the trainer does not reproduce**: logits processors that mask or shift tokens —
+//! `logit_bias`, `allowed_token_ids`, `bad_words`, `min_tokens`, structured outputs
+//! (`structured_outputs`, `guided_*`, and the forced tool call of a `tool_choice` that is
+//! `"required"` or names a function). A step that used one ([`unmodelled`]) has its behaviour
+//! from the current policy too, and is counted.
 
 use std::path::Path;
 
-use clawback_datapool::SamplingParams;
+use clawback_datapool::{SamplingParams, StepRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tch::{Kind, Tensor};
@@ -182,6 +188,44 @@ impl EngineDefaults {
             min_p: number("min_p")?,
             repetition_penalty: number("repetition_penalty")?,
         })
+    }
+}
+
+/// The first knob of `request` that changed the engine's distribution in a way this module
+/// does not reproduce (see the module docs), by its request name.
+pub fn unmodelled(request: &StepRequest) -> Option<&'static str> {
+    const MASKING: [&str; 8] = [
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+    ];
+    let extra = &request.sampling.extra;
+    let set = |v: &Value| match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        Value::String(s) => !s.is_empty(),
+        _ => true,
+    };
+    if let Some(key) = MASKING.iter().find(|k| extra.get(**k).is_some_and(set)) {
+        return Some(key);
+    }
+    if extra
+        .get("min_tokens")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n > 0)
+    {
+        return Some("min_tokens");
+    }
+    match &request.tool_choice {
+        Some(Value::String(s)) if s == "required" => Some("tool_choice"),
+        Some(Value::Object(_)) => Some("tool_choice"),
+        _ => None,
     }
 }
 
@@ -473,6 +517,37 @@ mod tests {
         assert!(neutral.logprobs_describe_it(LogprobsMode::Raw));
         assert!(!unset.logprobs_describe_it(LogprobsMode::Raw));
         assert!(unset.logprobs_describe_it(LogprobsMode::Processed));
+    }
+
+    #[test]
+    fn masking_processors_and_forced_tool_calls_are_named_as_not_reproduced() {
+        let with = |body: Value| -> StepRequest { serde_json::from_value(body).unwrap() };
+        assert_eq!(unmodelled(&with(json!({"messages": []}))), None);
+        assert_eq!(
+            unmodelled(&with(json!({"messages": [],
+                                    "sampling": {"extra": {"logit_bias": {"42": -100}}}}))),
+            Some("logit_bias")
+        );
+        assert_eq!(
+            unmodelled(&with(
+                json!({"messages": [], "sampling": {"extra": {"min_tokens": 0}}})
+            )),
+            None
+        );
+        assert_eq!(
+            unmodelled(&with(
+                json!({"messages": [], "sampling": {"extra": {"min_tokens": 4}}})
+            )),
+            Some("min_tokens")
+        );
+        assert_eq!(
+            unmodelled(&with(json!({"messages": [], "tool_choice": "required"}))),
+            Some("tool_choice")
+        );
+        assert_eq!(
+            unmodelled(&with(json!({"messages": [], "tool_choice": "auto"}))),
+            None
+        );
     }
 
     #[test]

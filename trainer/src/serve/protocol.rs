@@ -133,10 +133,45 @@ fn yes() -> bool {
     true
 }
 
-/// A body parsed into `T`, or vLLM's 400 with serde's reason.
+/// The numeric fields of the sampling settings: checked on the raw body first, because serde
+/// loses the path inside the flattened [`SamplingFields`].
+const NUMBERS: [&str; 9] = [
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "top_logprobs",
+];
+
+/// A body parsed into `T`, or the 400 vLLM's request validation gives (`"type": "Bad
+/// Request"`, `param` naming the field as pydantic does: `body.<field>`).
 pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ServeError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ServeError::BadRequest(format!("invalid request body: {e}")))
+    if let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) {
+        let wrong = NUMBERS.iter().find_map(|k| {
+            fields
+                .get(*k)
+                .filter(|v| !v.is_number() && !v.is_null())
+                .map(|v| (*k, v))
+        });
+        if let Some((key, value)) = wrong {
+            return Err(ServeError::Invalid {
+                message: format!("invalid request body: `{key}` must be a number, got {value}"),
+                field: Some(format!("body.{key}")),
+            });
+        }
+    }
+    let mut json = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        ServeError::Invalid {
+            message: format!("invalid request body: {}", e.inner()),
+            field: (path != ".").then(|| format!("body.{path}")),
+        }
+    })
 }
 
 /// The sampling settings of a request once checked, before its prompt length is known.

@@ -390,7 +390,7 @@ impl Prom {
 }
 
 /// Every reason a step or sample was left out, with its total.
-pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 18] {
+pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 19] {
     [
         ("stale", s.stale_dropped),
         ("duplicate", s.duplicate_dropped),
@@ -398,6 +398,7 @@ pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 18]
         ("empty_completion", s.empty_completion),
         ("logprobs_missing", s.logprobs_missing),
         ("logprobs_not_sampler", s.logprobs_not_sampler),
+        ("sampler_unmodelled", s.sampler_unmodelled),
         ("text_only", s.text_only),
         ("no_reward", d.no_reward),
         ("no_signal", d.no_signal),
