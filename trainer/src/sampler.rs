@@ -32,8 +32,8 @@
 //!
 //! **What the trainer does not reproduce**: logits processors that mask or shift tokens —
 //! `logit_bias`, `allowed_token_ids`, `bad_words`, `min_tokens`, structured outputs
-//! (`structured_outputs`, `guided_*`, and the forced tool call of a `tool_choice` that is
-//! `"required"` or names a function). A step that used one ([`unmodelled`]) has its behaviour
+//! (`structured_outputs`, `guided_*`, a JSON `response_format` or Responses `text.format`, and
+//! the forced tool call of a `tool_choice` that is `"required"` or names a function). A step that used one ([`unmodelled`]) has its behaviour
 //! from the current policy too, and is counted.
 
 use std::path::Path;
@@ -221,6 +221,23 @@ pub fn unmodelled(request: &StepRequest) -> Option<&'static str> {
         .is_some_and(|n| n > 0)
     {
         return Some("min_tokens");
+    }
+    // A JSON format is a grammar the engine masks every step with.
+    let constrained = |format: &Value| {
+        matches!(
+            format["type"].as_str(),
+            Some("json_object" | "json_schema" | "structural_tag")
+        )
+    };
+    if extra.get("response_format").is_some_and(constrained) {
+        return Some("response_format");
+    }
+    if extra
+        .get("text")
+        .and_then(|t| t.get("format"))
+        .is_some_and(constrained)
+    {
+        return Some("text.format");
     }
     match &request.tool_choice {
         Some(Value::String(s)) if s == "required" => Some("tool_choice"),
@@ -547,6 +564,21 @@ mod tests {
         assert_eq!(
             unmodelled(&with(json!({"messages": [], "tool_choice": "auto"}))),
             None
+        );
+        let format = |f: Value| with(json!({"messages": [], "sampling": {"extra": f}}));
+        assert_eq!(
+            unmodelled(&format(json!({"response_format": {"type": "json_object"}}))),
+            Some("response_format")
+        );
+        assert_eq!(
+            unmodelled(&format(json!({"response_format": {"type": "text"}}))),
+            None
+        );
+        assert_eq!(
+            unmodelled(&format(
+                json!({"text": {"format": {"type": "json_schema"}}})
+            )),
+            Some("text.format")
         );
     }
 

@@ -61,8 +61,6 @@ const NOT_SAMPLING: &[&str] = &[
     "echo",
     "parallel_tool_calls",
     "previous_response_id",
-    "response_format",
-    "text",
     "reasoning",
     "include",
     "truncation",
@@ -133,13 +131,18 @@ mod tests {
     fn sampling_keeps_known_and_extra_parameters_only() {
         let body = json!({
             "model": "m", "messages": [], "temperature": 0.7, "max_completion_tokens": 512,
-            "min_p": 0.05, "stream": true, "return_token_ids": true, "stop": ["\n\n"]
+            "min_p": 0.05, "stream": true, "return_token_ids": true, "stop": ["\n\n"],
+            "response_format": {"type": "json_object"}
         });
         let s = sampling(&body);
         assert_eq!(s.temperature, Some(0.7));
         assert_eq!(s.max_tokens, Some(512));
         assert_eq!(s.stop, Some(json!(["\n\n"])));
-        assert_eq!(s.extra.keys().collect::<Vec<_>>(), vec!["min_p"]);
+        // A response format constrains what is sampled (the trainer must know): it is kept.
+        assert_eq!(
+            s.extra.keys().collect::<Vec<_>>(),
+            vec!["min_p", "response_format"]
+        );
     }
 
     #[test]
