@@ -35,6 +35,21 @@ pub struct TinyModel {
     pub seed: i64,
 }
 
+impl TinyModel {
+    /// The smallest shape vLLM's CPU backend serves: its attention wants a head size of at
+    /// least 32 (hidden 64 over 2 heads).
+    pub fn for_vllm(seed: i64) -> Self {
+        Self {
+            hidden: 64,
+            intermediate: 128,
+            heads: 2,
+            kv_heads: 1,
+            seed,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for TinyModel {
     fn default() -> Self {
         Self {

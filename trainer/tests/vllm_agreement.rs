@@ -152,16 +152,9 @@ struct Measured {
 async fn measure(dtype: &'static str) -> Measured {
     let root = scratch_dir("vllm-agreement");
     let model_dir = root.join("model");
-    TinyModel {
-        hidden: 64,
-        intermediate: 128,
-        heads: 2,
-        kv_heads: 1,
-        seed: 7,
-        ..TinyModel::default()
-    }
-    .write(&model_dir)
-    .expect("the tiny model");
+    TinyModel::for_vllm(7)
+        .write(&model_dir)
+        .expect("the tiny model");
     std::fs::write(
         model_dir.join("generation_config.json"),
         QWEN_GENERATION_CONFIG,

@@ -63,16 +63,9 @@ async fn stream_once(client: &reqwest::Client, sidecar: &str, n: usize) -> Resul
 async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_changes_nothing() {
     let root = scratch_dir("vllm-publish");
     let model_dir = root.join("model");
-    TinyModel {
-        hidden: 64,
-        intermediate: 128,
-        heads: 2,
-        kv_heads: 1,
-        seed: 7,
-        ..TinyModel::default()
-    }
-    .write(&model_dir)
-    .expect("the tiny model");
+    TinyModel::for_vllm(7)
+        .write(&model_dir)
+        .expect("the tiny model");
     let rank_arg = MAX_LORA_RANK.to_string();
     let engine = tokio::task::spawn_blocking(move || {
         vllm::start_on(

@@ -54,18 +54,14 @@ impl Engine {
 
     /// The tiny model's shape: vLLM's CPU attention wants a head size of at least 32.
     pub fn tiny_model(&self, seed: i64) -> TinyModel {
-        let (heads, kv_heads) = match self {
-            Engine::Reference => (4, 2),
-            Engine::Vllm { .. } => (2, 1),
-        };
-        TinyModel {
-            layers: 2,
-            hidden: 64,
-            intermediate: 128,
-            heads,
-            kv_heads,
-            init_std: 0.3,
-            seed,
+        match self {
+            Engine::Reference => TinyModel {
+                hidden: 64,
+                intermediate: 128,
+                seed,
+                ..TinyModel::default()
+            },
+            Engine::Vllm { .. } => TinyModel::for_vllm(seed),
         }
     }
 }
