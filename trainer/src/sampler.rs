@@ -303,8 +303,10 @@ impl Sampler {
                 .or(defaults.min_p)
                 .unwrap_or(0.0)
                 .clamp(0.0, 1.0),
+            // vLLM refuses a penalty that is not positive; a recorded one is treated as none.
             repetition_penalty: extra("repetition_penalty")
                 .or(defaults.repetition_penalty)
+                .filter(|r| r.is_finite() && *r > 0.0)
                 .unwrap_or(1.0),
             presence_penalty: requested.presence_penalty.unwrap_or(0.0),
             frequency_penalty: requested.frequency_penalty.unwrap_or(0.0),
