@@ -65,6 +65,8 @@ pub struct App {
     pub recorder: Option<Arc<Recorder>>,
     /// `None` when routing is off (`routing.base_model` unset).
     pub router: Option<Router>,
+    /// The uids Claw-R1's `init_trajectory` minted here ([`crate::claw_r1`]).
+    pub claw_r1: crate::claw_r1::Registry,
     /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
     pub filters: Option<Arc<clawback_filters::Filters>>,
     /// Forwarding and relay tasks; shutdown waits for them.
@@ -152,6 +154,7 @@ impl App {
             admin,
             recorder,
             router,
+            claw_r1: crate::claw_r1::Registry::default(),
             filters,
             tasks,
             background,
@@ -169,7 +172,7 @@ impl App {
         let admin_route = matches!(route, Route::Handshake(_) | Route::Ui(_) | Route::Policies);
         match port {
             Port::Agent => !admin_route,
-            Port::Admin => !matches!(route, Route::Api { .. }),
+            Port::Admin => !matches!(route, Route::Api { .. } | Route::ClawR1(_)),
         }
     }
 
@@ -276,9 +279,48 @@ where
                 } => forward(app, request, endpoint, session, upstream_path)
                     .await
                     .unwrap_or_else(ProxyError::into_response),
+                Route::ClawR1(route) => claw_r1(app, request, route).await,
             };
             Ok(response)
         })
+    }
+}
+
+/// A Claw-R1 route: a `/v1` call under its `base_url` is forwarded as the uid's session once
+/// the uid is known to be the caller's tenant's; init, register and complete are answered here.
+async fn claw_r1<B>(
+    app: Arc<App>,
+    request: Request<B>,
+    route: crate::claw_r1::Route,
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let tenant = match app.tenants.resolve(request.headers()) {
+        Ok(tenant) => tenant,
+        Err(Unresolved::UnknownKey) => return ProxyError::UnknownApiKey.into_response(),
+        Err(Unresolved::BadHeader) => return ProxyError::BadTenantHeader.into_response(),
+    };
+    if let crate::claw_r1::Route::Api {
+        uid,
+        prompt,
+        endpoint,
+        upstream_path,
+    } = route
+    {
+        let session = match crate::claw_r1::admit_api(&app, &tenant, &uid, &prompt) {
+            Ok(session) => session,
+            Err(refusal) => return refusal.into_response(),
+        };
+        return forward(app, request, endpoint, Some(session), upstream_path)
+            .await
+            .unwrap_or_else(ProxyError::into_response);
+    }
+    let (parts, body) = request.into_parts();
+    match read_body(&app.config, &parts.headers, body).await {
+        Ok(body) => crate::claw_r1::control(&app, tenant, route, &parts, body).await,
+        Err(e) => e.into_response(),
     }
 }
 

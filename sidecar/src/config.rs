@@ -85,6 +85,21 @@ pub struct Config {
     /// Wasm filter plugins that score recorded steps (`--plugins DIR`).
     #[serde(default)]
     pub filters: clawback_filters::FiltersConfig,
+    /// Claw-R1's black-box protocol on the agent port ([`crate::claw_r1`]).
+    #[serde(default)]
+    pub claw_r1: ClawR1,
+}
+
+/// `[claw_r1]`: Claw-R1's gateway protocol, for rollout code written for it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClawR1 {
+    /// Off by default: on, whoever holds a tenant's key opens trajectories and posts their
+    /// rewards — for rollout fleets, not for agents facing users.
+    pub enabled: bool,
+    /// Rollouts per prompt (Claw-R1's `rollout.n`): each `prompt_uid` names a group of this
+    /// many. 0: no groups, each trajectory stands alone.
+    pub group_size: u32,
 }
 
 /// Whose data a call is.
@@ -305,6 +320,7 @@ impl Default for Config {
                 filter: "info".to_owned(),
             },
             filters: clawback_filters::FiltersConfig::default(),
+            claw_r1: ClawR1::default(),
         }
     }
 }
@@ -368,6 +384,7 @@ const ENV_KEYS: &[&str] = &[
     "routing",
     "log",
     "filters",
+    "claw_r1",
 ];
 
 /// Whether the environment key (prefix stripped, `__` already turned into `.`) is one of ours.

@@ -250,7 +250,7 @@ fn tenant_for(
     }
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::full(body.to_string()));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -284,6 +284,20 @@ fn create(
         }
     };
     let id = recorder.create(tenant.clone(), group, body.metadata);
+    let root = public_root(app, parts);
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({
+            "trajectory_id": id.to_string(),
+            "tenant": tenant.as_str(),
+            "base_url": format!("{root}/s/{id}/v1"),
+        }),
+    ))
+}
+
+/// `scheme://host` as the caller reached this sidecar (its `Host`, `https` when a front door
+/// says so), for the base URLs handed out.
+pub(crate) fn public_root(app: &App, parts: &request::Parts) -> String {
     let host = parts
         .headers
         .get(header::HOST)
@@ -295,14 +309,7 @@ fn create(
         .and_then(|v| v.to_str().ok())
         .filter(|p| *p == "https")
         .unwrap_or("http");
-    Ok(json_response(
-        StatusCode::CREATED,
-        &json!({
-            "trajectory_id": id.to_string(),
-            "tenant": tenant.as_str(),
-            "base_url": format!("{scheme}://{host}/s/{id}/v1"),
-        }),
-    ))
+    format!("{scheme}://{host}")
 }
 
 async fn stored(
@@ -330,7 +337,7 @@ async fn get(
     Ok(json_response(StatusCode::OK, &value))
 }
 
-fn feedback_evaluation(
+pub(crate) fn feedback_evaluation(
     tenant: &TenantId,
     trajectory: TrajectoryId,
     step: Option<StepId>,

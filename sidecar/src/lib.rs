@@ -6,6 +6,7 @@
 pub mod app;
 pub mod body;
 pub mod capture;
+pub mod claw_r1;
 pub mod cli;
 pub mod config;
 pub mod error;

@@ -30,7 +30,7 @@ impl Endpoint {
         }
     }
 
-    fn classify(method: &Method, path: &str) -> Self {
+    pub(crate) fn classify(method: &Method, path: &str) -> Self {
         match (method, path) {
             (&Method::POST, "/v1/chat/completions") => Self::ChatCompletions,
             (&Method::POST, "/v1/completions") => Self::Completions,
@@ -86,6 +86,8 @@ pub enum Route {
     Handshake(Result<crate::handshake::Route, ()>),
     /// The trajectory viewer's page and files (`/ui`).
     Ui(crate::ui::Asset),
+    /// Claw-R1's black-box protocol ([`crate::claw_r1`]).
+    ClawR1(crate::claw_r1::Route),
     NotFound,
 }
 
@@ -103,6 +105,9 @@ impl Route {
         }
         if let Some(asset) = crate::ui::Asset::classify(method, path) {
             return Self::Ui(asset);
+        }
+        if let Some(claw) = crate::claw_r1::Route::classify(method, path, query) {
+            return Self::ClawR1(claw);
         }
         let (session, api_path) = match path.strip_prefix("/s/") {
             Some(rest) => {
@@ -140,6 +145,8 @@ impl Route {
             Self::Api { endpoint, .. } => endpoint.label(),
             Self::Handshake(_) => "handshake",
             Self::Ui(_) => "ui",
+            Self::ClawR1(crate::claw_r1::Route::Api { endpoint, .. }) => endpoint.label(),
+            Self::ClawR1(_) => "claw_r1",
             Self::NotFound => "not_found",
         }
     }

@@ -206,8 +206,13 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> ResponseFuture {
-        let Some(Route::Api { upstream_path, .. }) = request.extensions().get::<Route>() else {
-            return self.inner.call(request);
+        // The `/v1` calls under a Claw-R1 base_url go to the engine too: the same list applies.
+        let upstream_path = match request.extensions().get::<Route>() {
+            Some(
+                Route::Api { upstream_path, .. }
+                | Route::ClawR1(crate::claw_r1::Route::Api { upstream_path, .. }),
+            ) => upstream_path,
+            _ => return self.inner.call(request),
         };
         let path = upstream_path
             .split_once('?')

@@ -422,6 +422,34 @@ impl Recorder {
         id
     }
 
+    /// The live trajectory `tenant`'s calls name `name` (a path-form session), opened with
+    /// `group` and the agent's `body["metadata"]` when there is none yet. What a Claw-R1
+    /// black-box session registers before its first call ([`crate::claw_r1`]).
+    pub fn open_named(
+        &self,
+        tenant: &TenantId,
+        name: &str,
+        group: Option<(String, u32)>,
+        body: &Value,
+    ) -> TrajectoryId {
+        let mut sessions = self.sessions();
+        let key = (tenant.clone(), name.to_owned());
+        let live = sessions
+            .by_name
+            .get(&key)
+            .copied()
+            .filter(|id| sessions.live.get(id).is_some_and(|l| l.tenant == *tenant));
+        if let Some(id) = live {
+            return id;
+        }
+        let hints = Hints {
+            session: Some((name.to_owned(), crate::session::explicit::Source::Path)),
+            group,
+            ..Hints::default()
+        };
+        self.open(&mut sessions, tenant, &hints, MetadataOrigin::Agent(body))
+    }
+
     /// Records the step of a call whose response was read to its end.
     pub fn finish(&self, call: Call, outcome: Outcome) {
         if outcome.complete {

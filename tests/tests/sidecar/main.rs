@@ -1,6 +1,7 @@
 //! The sidecar proxy over real loopback HTTP: mock engine → sidecar → real clients.
 
 mod balancing;
+mod claw_r1;
 mod forwarding;
 mod lifecycle;
 mod limits;
