@@ -275,8 +275,11 @@ impl Store for LocalStore {
         self.with(move |c| {
             let tx = c.transaction()?;
             {
+                // A write replayed (at least once) is the same step: kept where it first landed.
                 let mut insert = tx.prepare_cached(
-                    "INSERT INTO steps (tenant, trajectory, step_id, json) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO steps (tenant, trajectory, step_id, json)
+                     SELECT ?1, ?2, ?3, ?4 WHERE NOT EXISTS (
+                         SELECT 1 FROM steps WHERE tenant = ?1 AND trajectory = ?2 AND step_id = ?3)",
                 )?;
                 for (tenant, traj, id, json) in &rows {
                     insert.execute(params![tenant, traj, id, json])?;

@@ -754,20 +754,30 @@ impl Store for RedisStore {
         let Some(trajectory) = trajectory_from_hash(tenant, &header)? else {
             return Ok(None);
         };
+        // Writes are replayed at least once (the spool, after a connection that died between
+        // Redis applying a write and its reply): a step or an evaluation appended again is the
+        // same one, and is read once, where it first landed.
+        let mut seen_steps = std::collections::HashSet::new();
         let mut out_steps = Vec::with_capacity(steps.ids.len());
         for entry in &steps.ids {
             let mut step: Step = decode("step", &field(entry, "json")?)?;
             check_version("step", step.schema_version)?;
+            if !seen_steps.insert(step.id) {
+                continue;
+            }
             if let Some(n) = next.get(&step.id.to_string()) {
                 step.next_state = Some(decode("next state", n)?);
             }
             out_steps.push(step);
         }
+        let mut seen_evaluations = std::collections::HashSet::new();
         let mut evaluations = Vec::with_capacity(evals.ids.len());
         for entry in &evals.ids {
             let e: Evaluation = decode("evaluation", &field(entry, "json")?)?;
             check_version("evaluation", e.schema_version)?;
-            evaluations.push(e);
+            if seen_evaluations.insert(e.id) {
+                evaluations.push(e);
+            }
         }
         Ok(Some(TrajectoryRecord {
             trajectory,

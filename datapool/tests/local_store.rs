@@ -274,3 +274,9 @@ async fn two_connections_reading_at_once_share_the_queue_without_duplicates() {
     want.sort();
     assert_eq!(all, want);
 }
+
+#[tokio::test]
+async fn a_step_appended_twice_reads_back_once() {
+    let (s, _dir) = store();
+    scenarios::a_step_appended_twice_reads_back_once(&s, &fresh_tenant("replayed")).await;
+}

@@ -224,3 +224,9 @@ async fn a_rediss_url_is_accepted_for_tls() {
         store.err().map(|e| e.to_string())
     );
 }
+
+#[tokio::test]
+async fn a_step_appended_twice_reads_back_once() {
+    let (t, _keys) = tenant("replayed");
+    scenarios::a_step_appended_twice_reads_back_once(&store().await, &t).await;
+}

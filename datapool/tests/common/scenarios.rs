@@ -579,3 +579,34 @@ pub async fn consumer_lag_counts_what_each_group_has_not_finished(
         "(group, undelivered, pending)"
     );
 }
+
+/// A write replayed after its reply was lost (the spool replays at least once) is the same
+/// write: the step appended twice reads back once, in its place.
+pub async fn a_step_appended_twice_reads_back_once(store: &dyn Store, tenant: &TenantId) {
+    let t = open_trajectory(tenant);
+    store
+        .upsert_trajectory(&t)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    let first = step_of(tenant, &t.id, 0, 64);
+    let second = step_of(tenant, &t.id, 1, 64);
+    for batch in [
+        vec![first.clone()],
+        vec![first.clone()],
+        vec![second.clone()],
+    ] {
+        store
+            .append_steps(&batch)
+            .await
+            .unwrap_or_else(|e| panic!("append: {e}"));
+    }
+    let got = store
+        .trajectory(tenant, &t.id)
+        .await
+        .unwrap_or_else(|e| panic!("fetch: {e}"))
+        .unwrap_or_else(|| panic!("present"));
+    assert_eq!(
+        got.steps.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![first.id, second.id]
+    );
+}
