@@ -147,25 +147,48 @@ pub fn nginx_check(site: &Path) -> Result<(), String> {
 pub async fn start_nginx(sidecars: &[SocketAddr]) -> FrontDoor {
     let shipped = std::fs::read_to_string(repo_root().join("deploy/nginx/clawback.conf"))
         .expect("deploy/nginx/clawback.conf is readable");
-    let dir = scratch_dir("nginx");
-    std::fs::create_dir_all(&dir).expect("nginx scratch dir");
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let site = dir.join("clawback.conf");
-    let rendered = nginx_site(&shipped, sidecars, listen).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&site, rendered).expect("write nginx site");
-    let main = dir.join("nginx.conf");
-    std::fs::write(&main, nginx_main(&dir, &site)).expect("write nginx.conf");
-    let child = Command::new(nginx_binary())
-        .arg("-c")
-        .arg(&main)
-        .arg("-e")
-        .arg(dir.join("error.log"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nginx starts");
-    serving(child, listen, dir).await
+    let shipped = &shipped;
+    on_a_free_port("nginx", |listen| async move {
+        let dir = scratch_dir("nginx");
+        std::fs::create_dir_all(&dir).expect("nginx scratch dir");
+        let site = dir.join("clawback.conf");
+        let rendered = nginx_site(shipped, sidecars, listen).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&site, rendered).expect("write nginx site");
+        let main = dir.join("nginx.conf");
+        std::fs::write(&main, nginx_main(&dir, &site)).expect("write nginx.conf");
+        let child = Command::new(nginx_binary())
+            .arg("-c")
+            .arg(&main)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx starts");
+        serving(child, listen, dir).await
+    })
+    .await
+}
+
+/// A front door started by `start` on a port that was free when picked. Parallel tests race for
+/// ports between the pick and the bind: when the one picked was taken meanwhile, again on
+/// another (three tries).
+async fn on_a_free_port<F, Fut>(what: &str, mut start: F) -> FrontDoor
+where
+    F: FnMut(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<FrontDoor, String>>,
+{
+    let mut last = String::new();
+    for _ in 0..3 {
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        match start(listen).await {
+            Ok(door) => return door,
+            Err(logs) if logs.contains("Address already in use") => last = logs,
+            Err(logs) => panic!("{what} did not serve:\n{logs}"),
+        }
+    }
+    panic!("{what} found its port taken three times:\n{last}");
 }
 
 /// `deploy/envoy/envoy.yaml` with its listener and sidecar endpoints replaced.
@@ -265,37 +288,45 @@ pub fn envoy_check(config: &Path) -> Result<(), String> {
 pub async fn start_envoy(sidecars: &[SocketAddr]) -> FrontDoor {
     let shipped = std::fs::read_to_string(repo_root().join("deploy/envoy/envoy.yaml"))
         .expect("deploy/envoy/envoy.yaml is readable");
-    let dir = scratch_dir("envoy");
-    std::fs::create_dir_all(&dir).expect("envoy scratch dir");
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let config = dir.join("envoy.yaml");
-    let rendered = envoy_config(&shipped, sidecars, listen).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&config, rendered).expect("write envoy.yaml");
-    let log = std::fs::File::create(dir.join("error.log")).expect("envoy log file");
-    let child = Command::new(envoy_binary())
-        .arg("-c")
-        .arg(&config)
-        // Several Envoys may run at once (parallel tests): no shared memory between them.
-        .args(["--disable-hot-restart", "-l", "warning", "--log-path"])
-        .arg(dir.join("envoy.log"))
-        .arg("--admin-address-path")
-        .arg(dir.join("admin-address"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("envoy starts");
-    let envoy = serving(child, listen, dir).await;
-    envoy_ready(&envoy).await;
-    envoy
+    let shipped = &shipped;
+    on_a_free_port("envoy", |listen| async move {
+        let dir = scratch_dir("envoy");
+        std::fs::create_dir_all(&dir).expect("envoy scratch dir");
+        let config = dir.join("envoy.yaml");
+        let rendered = envoy_config(shipped, sidecars, listen).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&config, rendered).expect("write envoy.yaml");
+        let log = std::fs::File::create(dir.join("error.log")).expect("envoy log file");
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&config)
+            // Several Envoys may run at once (parallel tests): no shared memory between them.
+            .args(["--disable-hot-restart", "-l", "warning", "--log-path"])
+            .arg(dir.join("envoy.log"))
+            .arg("--admin-address-path")
+            .arg(dir.join("admin-address"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("envoy starts");
+        let mut envoy = serving(child, listen, dir).await?;
+        envoy_ready(&mut envoy).await?;
+        Ok(envoy)
+    })
+    .await
 }
 
 /// Waits (bounded) until Envoy's admin `/ready` says LIVE: its listener port may accept before
 /// its workers serve.
-async fn envoy_ready(envoy: &FrontDoor) {
+async fn envoy_ready(envoy: &mut FrontDoor) -> Result<(), String> {
     use std::io::{Read as _, Write as _};
     let mut last = String::new();
     for _ in 0..600 {
+        // Another process may hold the port Envoy failed to bind: the port answering is not
+        // Envoy answering.
+        if let Ok(Some(status)) = envoy.child.try_wait() {
+            return Err(format!("envoy exited with {status}:\n{}", envoy.logs()));
+        }
         let admin = std::fs::read_to_string(envoy.dir.join("admin-address")).unwrap_or_default();
         if let Ok(mut stream) = TcpStream::connect(admin.trim()) {
             let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
@@ -304,35 +335,41 @@ async fn envoy_ready(envoy: &FrontDoor) {
             last.clear();
             let _ = stream.read_to_string(&mut last);
             if last.starts_with("HTTP/1.1 200") {
-                return;
+                return Ok(());
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("envoy never became ready: {last}\n{}", envoy.logs());
+    Err(format!(
+        "envoy never became ready: {last}\n{}",
+        envoy.logs()
+    ))
 }
 
 /// Waits (bounded) until `child` accepts connections on `listen`; panics with its logs if it
 /// exits or never does.
-async fn serving(mut child: Child, listen: SocketAddr, dir: PathBuf) -> FrontDoor {
+async fn serving(mut child: Child, listen: SocketAddr, dir: PathBuf) -> Result<FrontDoor, String> {
     for _ in 0..600 {
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("front door exited with {status}:\n{}", read_logs(&dir));
+            return Err(format!(
+                "front door exited with {status}:\n{}",
+                read_logs(&dir)
+            ));
         }
         if TcpStream::connect_timeout(&listen, Duration::from_millis(100)).is_ok() {
-            return FrontDoor {
+            return Ok(FrontDoor {
                 addr: listen,
                 child,
                 dir,
-            };
+            });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = child.kill();
-    panic!(
+    Err(format!(
         "front door never listened on {listen}:\n{}",
         read_logs(&dir)
-    );
+    ))
 }
 
 fn read_logs(dir: &Path) -> String {
