@@ -207,10 +207,7 @@ struct CompleteBody {
 }
 
 fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, ClawR1Error> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body).map_err(|e| ClawR1Error::BadBody(e.to_string()))
+    crate::handshake::body_or_default(body).map_err(|e| ClawR1Error::BadBody(e.to_string()))
 }
 
 /// The group a `prompt_uid` names, when groups are configured.

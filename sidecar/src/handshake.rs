@@ -199,10 +199,17 @@ pub async fn handle(
 }
 
 fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, HandshakeError> {
+    body_or_default(body).map_err(|e| HandshakeError::BadBody(e.to_string()))
+}
+
+/// A control body as `T`; an empty (or blank) body is `T::default()`.
+pub(crate) fn body_or_default<T: for<'de> Deserialize<'de> + Default>(
+    body: &[u8],
+) -> Result<T, serde_json::Error> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| HandshakeError::BadBody(e.to_string()))
+    serde_json::from_slice(body)
 }
 
 /// The raw value of query parameter `name`. Not percent-decoded: tenant ids and numbers never

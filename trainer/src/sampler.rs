@@ -450,8 +450,7 @@ impl Sampler {
             removed = removed.logical_or(&probs.lt_tensor(&(top * self.min_p)));
         }
         let vocab = logits.size().last().copied().unwrap_or(0);
-        let kept = logits.masked_fill(&removed, f64::NEG_INFINITY);
-        let mut kept = kept;
+        let mut kept = logits.masked_fill(&removed, f64::NEG_INFINITY);
         if let Some(k) = self.top_k.map(i64::from).filter(|&k| k < vocab) {
             let (values, _) = kept.topk(k, -1, true, true);
             let kth = values.narrow(-1, k - 1, 1);

@@ -15,7 +15,7 @@ use clawback_tests::harness::{repo_root, test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use serde_json::{json, Value};
 
-use crate::support::{assert_openai_error, client, poll, store};
+use crate::support::{assert_openai_error, client, poll, python, store};
 
 const KEY_A: &str = "sk-claw-a";
 const KEY_B: &str = "sk-claw-b";
@@ -34,15 +34,6 @@ fn config(engine: &MockUpstream, enabled: bool) -> Config {
         .keys
         .insert(key_hash(KEY_B), "other".to_owned());
     config
-}
-
-fn python() -> std::path::PathBuf {
-    std::env::var_os("CLAWBACK_SDK_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/clawback/sdk-venv/bin/python")
-        })
 }
 
 /// One rollout of `task` by the Claw-R1-shaped flow; its trajectory uid.

@@ -10,16 +10,7 @@ use std::process::Command;
 use clawback_tests::harness::{repo_root, test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 
-fn python() -> PathBuf {
-    std::env::var_os("CLAWBACK_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/clawback/sdk-venv/bin/python")
-        })
-}
+use crate::support::python;
 
 fn node_dir() -> PathBuf {
     std::env::var_os("CLAWBACK_SDK_NODE_DIR")
