@@ -35,15 +35,16 @@ ensure_redis() {
 # The official OpenAI SDKs the tests use as agents: Python in a venv, Node in tests/sdk/node.
 ensure_sdks() {
     local venv="$CLAWBACK_CACHE/sdk-venv"
-    if ! "$venv/bin/python" -c 'import openai' >/dev/null 2>&1; then
-        say "installing the OpenAI Python SDK into $venv"
+    if ! "$venv/bin/python" -c 'import openai, anthropic' >/dev/null 2>&1; then
+        say "installing the OpenAI and Anthropic Python SDKs into $venv"
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q --upgrade pip >/dev/null
-        "$venv/bin/pip" install -q 'openai>=1.99'
+        "$venv/bin/pip" install -q 'openai>=1.99' 'anthropic>=0.60'
     fi
     export CLAWBACK_SDK_PYTHON="$venv/bin/python"
-    if [ ! -d "$ROOT/tests/sdk/node/node_modules/openai" ]; then
-        say "installing the OpenAI Node SDK (npm ci)"
+    if [ ! -d "$ROOT/tests/sdk/node/node_modules/openai" ] \
+        || [ ! -d "$ROOT/tests/sdk/node/node_modules/@anthropic-ai/sdk" ]; then
+        say "installing the OpenAI and Anthropic Node SDKs (npm ci)"
         (cd "$ROOT/tests/sdk/node" && npm ci --no-audit --no-fund --loglevel=error)
     fi
 }

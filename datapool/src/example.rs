@@ -10,10 +10,10 @@ use uuid::Uuid;
 
 use crate::ids::{EvaluationId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::schema::{
-    AssistantOutput, CompletionReason, Endpoint, EngineTokens, Evaluation, EvaluationSource,
-    NextState, PolicyRef, SamplingParams, Step, StepRequest, Timings, TokenLogprob, Tokens,
-    TopLogprob, Trajectory, TrajectoryRecord, TrajectoryStatus, UpstreamKind, UpstreamRef, Usage,
-    Verdict, SCHEMA_VERSION,
+    AssistantOutput, Capture, CompletionReason, Endpoint, EngineTokens, Evaluation,
+    EvaluationSource, NextState, PolicyRef, SamplingParams, Step, StepRequest, Timings,
+    TokenLogprob, Tokens, TopLogprob, Trajectory, TrajectoryRecord, TrajectoryStatus, UpstreamKind,
+    UpstreamRef, Usage, Verdict, SCHEMA_VERSION,
 };
 
 fn id(s: &str) -> Uuid {
@@ -158,6 +158,7 @@ pub fn tool_use_trajectory(tenant: TenantId) -> TrajectoryRecord {
         }),
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         truncated: false,
+        capture: Some(Capture::Tokens),
     };
 
     let answer = "It's 11.5 °C in Paris right now, with light rain.";
@@ -235,6 +236,7 @@ pub fn tool_use_trajectory(tenant: TenantId) -> TrajectoryRecord {
         }),
         traceparent: None,
         truncated: false,
+        capture: Some(Capture::Tokens),
     };
 
     let plugin = EvaluationSource::Plugin {

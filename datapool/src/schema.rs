@@ -177,6 +177,44 @@ pub struct Step {
     /// trainable.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// What the engine gave of its sampling, as the sidecar saw it; see [`Step::capture`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Capture>,
+}
+
+/// How much of its sampling the engine gave for a step — what a trainer can do with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capture {
+    /// The engine's token ids (and, unless they did not line up, a logprob per sampled token):
+    /// trainable as served.
+    Tokens,
+    /// Logprobs whose tokens came as strings, without ids (a streamed SGLang call): the text
+    /// must be re-tokenised and the logprobs cannot be trusted to line up.
+    Logprobs,
+    /// Text only (an OpenAI upstream, the Responses API, a redacted or truncated step).
+    Text,
+}
+
+impl Capture {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tokens => "tokens",
+            Self::Logprobs => "logprobs",
+            Self::Text => "text",
+        }
+    }
+}
+
+impl Step {
+    /// The step's capture level; for a step recorded before the field existed, what its tokens
+    /// say.
+    pub fn capture(&self) -> Capture {
+        self.capture.unwrap_or(match &self.tokens {
+            Tokens::Engine(_) => Capture::Tokens,
+            Tokens::None => Capture::Text,
+        })
+    }
 }
 
 fn yes() -> bool {

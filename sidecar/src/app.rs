@@ -5,11 +5,13 @@
 //!    echoed on the response;
 //! 2. **observe** ([`crate::layers::observe`]) — decides the [`Route`] once, opens the request's span,
 //!    and records metrics when the response body is done;
-//! 3. **load shed** ([`crate::layers::load_shed`]) — API calls beyond `max_concurrent_requests` get 503
+//! 3. **dialect** ([`crate::layers::dialect`]) — errors the sidecar makes answer in the caller's
+//!    API's shape (Anthropic's for `/v1/messages`);
+//! 4. **load shed** ([`crate::layers::load_shed`]) — API calls beyond `max_concurrent_requests` get 503
 //!    with `Retry-After` at once;
-//! 4. **agent API** ([`crate::layers::agent_api`]) — only the routes of `agent_api.allow` are
+//! 5. **agent API** ([`crate::layers::agent_api`]) — only the routes of `agent_api.allow` are
 //!    forwarded; engine control routes (adapter load/unload, weight updates, pause, ...) never;
-//! 5. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
+//! 6. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
 //!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here; an API call
 //!    has its body read within the size and time limits; a model call is routed to its tenant's
 //!    live adapter ([`crate::policy`]) and, with recording on, joins its trajectory; then it is
@@ -28,11 +30,12 @@ use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 
 use crate::body::{BoxError, ProxyBody};
-use crate::capture::Capture;
+use crate::capture::{Answer, Capture};
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::forward::Forwarder;
 use crate::layers::agent_api::{AgentApi, AgentApiLayer, AllowList};
+use crate::layers::dialect::{DialectErrors, DialectLayer};
 use crate::layers::load_shed::{LoadShed, LoadShedLayer};
 use crate::layers::observe::{Observe, ObserveLayer};
 use crate::layers::request_id::{RequestIdLayer, RequestIdService};
@@ -65,6 +68,8 @@ pub struct App {
     pub recorder: Option<Arc<Recorder>>,
     /// `None` when routing is off (`routing.base_model` unset).
     pub router: Option<Router>,
+    /// The per-session API keys the handshake API minted ([`crate::session::keys`]).
+    pub session_keys: crate::session::keys::SessionKeys,
     /// The uids Claw-R1's `init_trajectory` minted here ([`crate::claw_r1`]).
     pub claw_r1: crate::claw_r1::Registry,
     /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
@@ -154,6 +159,7 @@ impl App {
             admin,
             recorder,
             router,
+            session_keys: crate::session::keys::SessionKeys::default(),
             claw_r1: crate::claw_r1::Registry::default(),
             filters,
             tasks,
@@ -197,7 +203,7 @@ impl App {
     }
 }
 
-pub type Stack = RequestIdService<Observe<LoadShed<AgentApi<Handler>>>>;
+pub type Stack = RequestIdService<Observe<DialectErrors<LoadShed<AgentApi<Handler>>>>>;
 
 /// The whole stack over one [`App`], in the order the module doc gives.
 pub fn build(app: Arc<App>) -> Stack {
@@ -205,7 +211,8 @@ pub fn build(app: Arc<App>) -> Stack {
     let load_shed = LoadShedLayer::new(limits.max_concurrent_requests, limits.retry_after_secs);
     let observe = ObserveLayer::new(Arc::clone(&app.metrics));
     let agent_api = AgentApiLayer::new(app.agent_api.clone());
-    RequestIdLayer.layer(observe.layer(load_shed.layer(agent_api.layer(Handler { app }))))
+    let handler = agent_api.layer(Handler { app });
+    RequestIdLayer.layer(observe.layer(DialectLayer.layer(load_shed.layer(handler))))
 }
 
 /// The innermost service: answers local endpoints, forwards API calls.
@@ -335,27 +342,128 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let tenant = app
-        .tenants
-        .resolve(request.headers())
-        .map_err(|e| match e {
-            Unresolved::UnknownKey => ProxyError::UnknownApiKey,
-            Unresolved::BadHeader => ProxyError::BadTenantHeader,
-        })?;
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    let (tenant, session) = match session_key(&app, &mut parts.headers) {
+        Some(key) => (key.tenant, SessionId::parse(&key.trajectory.to_string())),
+        None => {
+            let tenant = app.tenants.resolve(&parts.headers).map_err(|e| match e {
+                Unresolved::UnknownKey => ProxyError::UnknownApiKey,
+                Unresolved::BadHeader => ProxyError::BadTenantHeader,
+            })?;
+            (tenant, session)
+        }
+    };
     let body = read_body(&app.config, &parts.headers, body).await?;
-    if endpoint == Endpoint::Models {
-        let response = app
-            .forwarder
-            .call(parts, body, upstream_path, None, None)
-            .await?;
-        return Ok(models_for(&app, &tenant, response).await);
-    }
-    let (body, recording, routed) =
+    let (body, endpoint, upstream_path, answer) = match endpoint {
+        Endpoint::Models => {
+            let response = app
+                .forwarder
+                .call(parts, body, upstream_path, None, None, Answer::AsSent)
+                .await?;
+            return Ok(models_for(&app, &tenant, response).await);
+        }
+        Endpoint::CountTokens => {
+            let (body, routed) = routed_only(&app, &tenant, body)?;
+            return app
+                .forwarder
+                .call(
+                    parts,
+                    body,
+                    upstream_path,
+                    None,
+                    routed.lease,
+                    Answer::AsSent,
+                )
+                .await;
+        }
+        Endpoint::StoredResponse => {
+            let id = upstream_path
+                .trim_start_matches("/v1/responses/")
+                .split(['/', '?'])
+                .next()
+                .unwrap_or_default();
+            if !may_name_response(&app, &tenant, id) {
+                return Err(ProxyError::StoredResponseNotFound { id: id.to_owned() });
+            }
+            (body, endpoint, upstream_path, Answer::AsSent)
+        }
+        Endpoint::Responses if app.recorder.is_none() => {
+            // Not resolved here (nothing is kept): the engine's own store answers, for a
+            // sidecar that serves one tenant only.
+            if let Some(id) = crate::session::responses::previous_id(&body) {
+                if app.tenants.is_shared() {
+                    return Err(ProxyError::ResponseNotFound { id });
+                }
+            }
+            (body, endpoint, upstream_path, Answer::AsSent)
+        }
+        Endpoint::Messages => {
+            let chat = crate::anthropic::to_chat_body(&body)?;
+            let path = crate::anthropic::CHAT_PATH.to_owned();
+            (chat, Endpoint::ChatCompletions, path, Answer::Messages)
+        }
+        _ => (body, endpoint, upstream_path, Answer::AsSent),
+    };
+    let (body, mut recording, routed) =
         prepare_model_call(&app, &parts, endpoint, session.as_ref(), tenant, body)?;
+    if let Some(pending) = &mut recording {
+        pending.capture = pending.capture.answering(answer);
+    }
     app.forwarder
-        .call(parts, body, upstream_path, recording, routed.lease)
+        .call(parts, body, upstream_path, recording, routed.lease, answer)
         .await
+}
+
+/// The session a call's key was minted for, if it presents one; the key is taken out of the
+/// headers then, so the engine never sees it. A session key wins over every other session hint.
+fn session_key(
+    app: &App,
+    headers: &mut http::HeaderMap,
+) -> Option<crate::session::keys::SessionKey> {
+    let key = crate::tenant::presented_key(headers)?;
+    let session = app.session_keys.resolve(key)?;
+    headers.remove(header::AUTHORIZATION);
+    for name in crate::tenant::API_KEY_HEADERS {
+        headers.remove(name);
+    }
+    Some(session)
+}
+
+/// Whether `tenant` may name the stored response `id`: one it made, when the sidecar keeps them
+/// (recording on); without, only a sidecar that serves one tenant passes the id on.
+fn may_name_response(app: &App, tenant: &TenantId, id: &str) -> bool {
+    match &app.recorder {
+        Some(recorder) => recorder.responses().owns(tenant, id),
+        None => !app.tenants.is_shared(),
+    }
+}
+
+/// A call that is routed to the tenant's adapter like a model call, and neither recorded nor
+/// asked for anything (`count_tokens`). A body that is not a JSON object goes as it came.
+fn routed_only(app: &App, tenant: &TenantId, body: Bytes) -> Result<(Bytes, Routed), ProxyError> {
+    let Ok(mut json) = serde_json::from_slice::<Value>(&body) else {
+        return Ok((body, Routed::default()));
+    };
+    if !json.is_object() {
+        return Ok((body, Routed::default()));
+    }
+    let routed = route_call(app, tenant, &mut json)?;
+    Ok((reencode_if(routed.rewritten, &json, body), routed))
+}
+
+/// Routes a model call to `tenant`'s live adapter (rewriting its `model`), or, without routing,
+/// checks that it names no other tenant's adapter.
+fn route_call(app: &App, tenant: &TenantId, json: &mut Value) -> Result<Routed, ProxyError> {
+    Ok(match &app.router {
+        Some(router) => router.route(tenant, json)?,
+        None => Routed {
+            policy: match json["model"].as_str() {
+                Some(model) => own_adapter(tenant, model)?,
+                None => None,
+            },
+            ..Routed::default()
+        },
+    })
 }
 
 /// Largest `/v1/models` answer the sidecar filters; a larger one is refused, not passed on
@@ -422,20 +530,23 @@ fn prepare_model_call(
     if !json.is_object() {
         return Ok((body, None, Routed::default()));
     }
-    let routed = match &app.router {
-        Some(router) => router.route(&tenant, &mut json)?,
-        None => Routed {
-            policy: match json["model"].as_str() {
-                Some(model) => own_adapter(&tenant, model)?,
-                None => None,
-            },
-            ..Routed::default()
-        },
-    };
+    let routed = route_call(app, &tenant, &mut json)?;
     let Some(recorder) = &app.recorder else {
         return Ok((reencode_if(routed.rewritten, &json, body), None, routed));
     };
-    let hints = Hints::read(session, &parts.headers, Some(&json))?;
+    let mut hints = Hints::read(session, &parts.headers, Some(&json))?;
+    let responses_turn = match step_endpoint {
+        clawback_datapool::Endpoint::Responses => {
+            let (turn, continues) =
+                crate::session::responses::resolve(recorder.responses(), &tenant, &mut json)?;
+            hints.continues = continues;
+            Some(turn)
+        }
+        _ => None,
+    };
+    let resolved = responses_turn
+        .as_ref()
+        .is_some_and(|turn| turn.previous.is_some());
     let traceparent = parts
         .headers
         .get("traceparent")
@@ -443,10 +554,11 @@ fn prepare_model_call(
         .map(str::to_owned);
     let mut call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
     call.policy = routed.policy.clone();
+    call.responses = responses_turn;
     let model = json["model"].as_str().unwrap_or_default().to_owned();
     let capture = Capture::for_request(app.config.upstream_kind, step_endpoint, &mut json);
     let body = reencode_if(
-        routed.rewritten || !capture.injected().is_empty(),
+        routed.rewritten || resolved || !capture.injected().is_empty(),
         &json,
         body,
     );
@@ -506,12 +618,27 @@ fn readiness(app: &App) -> Response<ProxyBody> {
         (0, false) => (StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"),
         _ => (StatusCode::OK, "ready"),
     };
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "status": state,
         "healthy_upstreams": healthy,
         "upstreams": total,
     });
+    if app.recorder.is_some() {
+        let mut capture = app.metrics.capture_summary();
+        capture["expected"] = expected_capture(app.config.upstream_kind).into();
+        body["capture"] = capture;
+    }
     json(status, body.to_string())
+}
+
+/// What the sidecar can capture from `kind`'s engine ([`crate::capture::request`]).
+fn expected_capture(kind: crate::config::UpstreamKind) -> &'static str {
+    use crate::config::UpstreamKind;
+    match kind {
+        UpstreamKind::Vllm => "tokens",
+        UpstreamKind::Sglang => "tokens; logprobs without ids when streaming",
+        UpstreamKind::Openai => "text",
+    }
 }
 
 async fn metrics(app: &App) -> Response<ProxyBody> {

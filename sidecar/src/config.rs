@@ -163,6 +163,9 @@ pub struct Recording {
     pub batch_max: usize,
     /// Live trajectories remembered for stitching calls that carry no session id.
     pub stitch_max_entries: usize,
+    /// Bytes of conversation kept for stateful Responses calls (`previous_response_id`), oldest
+    /// first out ([`crate::session::responses`]).
+    pub responses_max_bytes: usize,
     /// Largest answer kept as a step, in body bytes; a larger one reaches the agent whole and
     /// is stored truncated (its beginning, no engine tokens, `truncated: true`, not trainable).
     pub max_step_bytes: usize,
@@ -305,6 +308,7 @@ impl Default for Config {
                 queue_capacity: 8192,
                 batch_max: 256,
                 stitch_max_entries: 100_000,
+                responses_max_bytes: 64 << 20,
                 max_step_bytes: 8 << 20,
                 redact: Vec::new(),
             },

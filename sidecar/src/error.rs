@@ -52,6 +52,14 @@ pub enum ProxyError {
     BadTenantHeader,
     #[error("{0}")]
     BadSessionHint(#[from] crate::session::explicit::HintError),
+    #[error("{0}")]
+    BadMessagesRequest(#[from] crate::anthropic::request::Invalid),
+    /// A `previous_response_id` or `GET /v1/responses/{id}` that is not one of this tenant's
+    /// responses (unknown, forgotten, or another tenant's: the answer does not say which).
+    #[error("Previous response with id '{id}' not found.")]
+    ResponseNotFound { id: String },
+    #[error("Response with id '{id}' not found.")]
+    StoredResponseNotFound { id: String },
 }
 
 impl ProxyError {
@@ -59,13 +67,16 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::BodyRead(_) | Self::BadTenantHeader | Self::BadSessionHint(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::BodyRead(_)
+            | Self::BadTenantHeader
+            | Self::BadSessionHint(_)
+            | Self::BadMessagesRequest(_) => StatusCode::BAD_REQUEST,
             Self::UnknownApiKey => StatusCode::UNAUTHORIZED,
-            Self::NotFound { .. } | Self::NotAgentApi { .. } | Self::ModelNotAvailable { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            Self::NotFound { .. }
+            | Self::NotAgentApi { .. }
+            | Self::ModelNotAvailable { .. }
+            | Self::ResponseNotFound { .. }
+            | Self::StoredResponseNotFound { .. } => StatusCode::NOT_FOUND,
             Self::EngineControlRoute { .. } => StatusCode::FORBIDDEN,
             Self::Overloaded { .. } | Self::NoHealthyUpstream { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -88,7 +99,10 @@ impl ProxyError {
             | Self::ModelNotAvailable { .. }
             | Self::UnknownApiKey
             | Self::BadTenantHeader
-            | Self::BadSessionHint(_) => "invalid_request_error",
+            | Self::BadSessionHint(_)
+            | Self::BadMessagesRequest(_)
+            | Self::ResponseNotFound { .. }
+            | Self::StoredResponseNotFound { .. } => "invalid_request_error",
             Self::Overloaded { .. } => "overloaded_error",
             _ => "upstream_error",
         }
@@ -107,6 +121,9 @@ impl ProxyError {
             Self::UnknownApiKey => "invalid_api_key",
             Self::BadTenantHeader => "invalid_tenant",
             Self::BadSessionHint(_) => "invalid_session_header",
+            Self::BadMessagesRequest(_) => "invalid_request",
+            Self::ResponseNotFound { .. } => "previous_response_not_found",
+            Self::StoredResponseNotFound { .. } => "response_not_found",
             Self::Overloaded { .. } => "overloaded",
             Self::NoHealthyUpstream { .. } => "no_healthy_upstream",
             Self::ConnectFailed { .. } => "upstream_connect_failed",
@@ -137,6 +154,11 @@ impl ProxyError {
 #[derive(Debug, Clone, Copy)]
 pub struct ErrorCode(pub &'static str);
 
+/// The message of an error response the sidecar made itself: what
+/// [`crate::layers::dialect`] answers in another API's shape.
+#[derive(Debug, Clone)]
+pub struct ErrorMessage(pub std::sync::Arc<str>);
+
 /// The JSON body OpenAI's API and SDKs use for errors.
 pub fn error_json(message: &str, error_type: &str, code: &str) -> String {
     serde_json::json!({
@@ -153,6 +175,9 @@ pub fn error_response(
 ) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::full(error_json(message, error_type, code)));
     *response.status_mut() = status;
+    response
+        .extensions_mut()
+        .insert(ErrorMessage(std::sync::Arc::from(message)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::task::TaskTracker;
 
 use crate::body::ProxyBody;
+use crate::capture::{Answer, Capture, Endpoint};
 use crate::config::Timeouts;
 use crate::config::UpstreamKind;
 use crate::error::ProxyError;
@@ -27,7 +28,7 @@ use crate::layers::request_id::{RequestId, HEADER as REQUEST_ID_HEADER};
 use crate::metrics::{Metrics, UpstreamLabels};
 use crate::policy::Lease;
 use crate::recorder::Pending;
-use crate::relay::{Relay, RELAY_CAPACITY};
+use crate::relay::{Relay, Tap, RELAY_CAPACITY};
 use crate::upstream::{status_health, Failure, HealthChange, InFlight, Pool, Upstream};
 
 /// When and where a response came from; the observe layer turns it into the added-latency metric.
@@ -111,11 +112,15 @@ impl Forwarder {
         upstream_path: String,
         recording: Option<Pending>,
         lease: Option<Lease>,
+        answer: Answer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (head_tx, head_rx) = oneshot::channel();
         let this = Arc::clone(self);
         self.tasks.spawn(async move {
-            match this.forward(&parts, body, &upstream_path, recording).await {
+            match this
+                .forward(&parts, body, &upstream_path, recording, answer)
+                .await
+            {
                 Ok((response, relay)) => {
                     // If the client is gone, the response and its receiver drop here and the
                     // relay reads on as an orphan.
@@ -141,22 +146,41 @@ impl Forwarder {
         body: Bytes,
         upstream_path: &str,
         recording: Option<Pending>,
+        answer: Answer,
     ) -> Result<(Response<ProxyBody>, Relay<Incoming>), ProxyError> {
         let result = self.send(parts, body, upstream_path).await;
         match result {
             Ok((response, in_flight, timing)) => {
-                let tap = match recording {
-                    Some(pending) if response.status().is_success() => {
-                        Some((pending, Arc::clone(&timing.upstream)))
+                let status = response.status();
+                let is_sse = !matches!(answer, Answer::Messages if !status.is_success())
+                    && is_event_stream(response.headers());
+                let tap = match (recording, answer) {
+                    (Some(pending), _) if status.is_success() => {
+                        Some(pending.into_tap(&timing.upstream, self.kind, is_sse))
                     }
-                    Some(pending) => {
+                    (recording, Answer::Messages) => {
+                        // Not recorded (an error, or recording off), and still translated.
+                        if let Some(pending) = recording {
+                            pending.abandon();
+                        }
+                        let answer = if status.is_success() {
+                            Answer::Messages
+                        } else {
+                            Answer::MessagesError(status)
+                        };
+                        Some(Tap::translating(
+                            Capture::untouched(Endpoint::ChatCompletions).answering(answer),
+                            is_sse,
+                        ))
+                    }
+                    (Some(pending), _) => {
                         pending.abandon();
                         None
                     }
-                    None => None,
+                    (None, _) => None,
                 };
                 let connection = parts.extensions.get::<crate::server::Abandon>();
-                Ok(self.relay(response, in_flight, timing, tap, connection))
+                Ok(self.relay(response, in_flight, timing, tap, is_sse, answer, connection))
             }
             Err(e) => {
                 if let Some(pending) = recording {
@@ -274,32 +298,40 @@ impl Forwarder {
             headers.insert(REQUEST_ID_HEADER, id.0.clone());
         }
         if let Some(auth) = &self.upstream_auth {
+            // The tenant's key, in whichever header it came, stays here.
+            for name in crate::tenant::API_KEY_HEADERS {
+                headers.remove(name);
+            }
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
         Ok(request)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn relay(
         &self,
         response: Response<Incoming>,
         in_flight: InFlight,
         timing: UpstreamTiming,
-        recording: Option<(Pending, Arc<str>)>,
+        tap: Option<Tap>,
+        is_sse: bool,
+        answer: Answer,
         connection: Option<&crate::server::Abandon>,
     ) -> (Response<ProxyBody>, Relay<Incoming>) {
         let (mut parts, body) = response.into_parts();
-        let is_sse = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let tap = recording.map(|(pending, upstream)| {
-            if pending.capture.rewrites_response() {
-                // Stripping what the sidecar injected changes the body's length.
-                parts.headers.remove(header::CONTENT_LENGTH);
-            }
-            pending.into_tap(&upstream, self.kind, is_sse)
-        });
+        if tap
+            .as_ref()
+            .is_some_and(|tap| tap.capture.rewrites_response())
+        {
+            // Stripping what the sidecar injected, or translating, changes the body's length.
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        if matches!(answer, Answer::Messages) && !is_sse {
+            parts.headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
         let (tx, rx) = mpsc::channel(RELAY_CAPACITY);
         let relay = Relay {
             body,
@@ -315,6 +347,7 @@ impl Forwarder {
             in_flight,
             pool: Arc::clone(&self.pool),
             metrics: Arc::clone(&self.metrics),
+            dialect: answer.dialect(),
         };
         let mut response = Response::new(ProxyBody::relay(rx));
         *response.status_mut() = parts.status;
@@ -322,6 +355,13 @@ impl Forwarder {
         response.extensions_mut().insert(timing);
         (response, relay)
     }
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// Headers that describe one connection, not the message, and so are never forwarded

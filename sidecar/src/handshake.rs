@@ -1,7 +1,8 @@
 //! The handshake API, for rollout orchestrators and UIs (Claw-R1-compatible in spirit):
 //!
-//! - `POST /trajectories` `{tenant?, group_id?, group_size?, metadata?}` → `{trajectory_id,
-//!   tenant, base_url}`; the agent then uses `base_url` (the `/s/{id}/v1` form);
+//! - `POST /trajectories` `{tenant?, group_id?, group_size?, metadata?, session_key?}` →
+//!   `{trajectory_id, tenant, base_url, api_key?}`; the agent then uses `base_url` (the
+//!   `/s/{id}/v1` form), or, with `session_key: true`, its usual base URL and `api_key` as its key;
 //! - `POST /trajectories/{id}/complete` `{tenant?, reward?, metadata?}`;
 //! - `POST /trajectories/{id}/feedback` `{tenant?, step?, reward?, hint?, label?}` (a thumb up or
 //!   down from a UI; `step` is a step id or a 0-based index);
@@ -154,6 +155,9 @@ struct CreateBody {
     group_size: Option<u32>,
     #[serde(default)]
     metadata: Map<String, Value>,
+    /// Mint an API key that stands for this trajectory ([`crate::session::keys`]).
+    #[serde(default)]
+    session_key: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -292,14 +296,15 @@ fn create(
     };
     let id = recorder.create(tenant.clone(), group, body.metadata);
     let root = public_root(app, parts);
-    Ok(json_response(
-        StatusCode::CREATED,
-        &json!({
-            "trajectory_id": id.to_string(),
-            "tenant": tenant.as_str(),
-            "base_url": format!("{root}/s/{id}/v1"),
-        }),
-    ))
+    let mut created = json!({
+        "trajectory_id": id.to_string(),
+        "tenant": tenant.as_str(),
+        "base_url": format!("{root}/s/{id}/v1"),
+    });
+    if body.session_key {
+        created["api_key"] = app.session_keys.mint(tenant, id).into();
+    }
+    Ok(json_response(StatusCode::CREATED, &created))
 }
 
 /// `scheme://host` as the caller reached this sidecar (its `Host`, `https` when a front door

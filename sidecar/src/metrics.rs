@@ -72,6 +72,45 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LevelLabels {
+    pub level: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FindingLabels {
+    pub finding: &'static str,
+}
+
+/// What a trainer must know about the steps it is given, counted as they are recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finding {
+    /// A trainable step without a logprob per sampled token: its behaviour policy must be
+    /// scored by the trainer, so its importance ratio is 1 by construction.
+    TrainableWithoutLogprobs,
+    /// The engine returned logprobs whose tokens are strings, not ids.
+    LogprobsWithoutIds,
+    /// A trajectory completed after one model call: a whole task done in one call has no next
+    /// state to learn from, and usually means the calls of a session are not being tied together.
+    SingleCallTask,
+}
+
+impl Finding {
+    pub const ALL: [Finding; 3] = [
+        Finding::TrainableWithoutLogprobs,
+        Finding::LogprobsWithoutIds,
+        Finding::SingleCallTask,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TrainableWithoutLogprobs => "trainable_without_logprobs",
+            Self::LogprobsWithoutIds => "logprobs_without_ids",
+            Self::SingleCallTask => "single_call_task",
+        }
+    }
+}
+
 /// Only tenants that have a published policy, which the trainer (not a client) creates.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabels {
@@ -102,6 +141,8 @@ pub struct Metrics {
     pub orphans_cut: Counter,
     pub steps_recorded: Counter,
     pub steps_stored: Counter,
+    pub steps_captured: Family<LevelLabels, Counter>,
+    pub capture_findings: Family<FindingLabels, Counter>,
     pub records_dropped: Family<ReasonLabels, Counter>,
     pub recorder_queue: Gauge,
     pub store_errors: Family<StoreErrorLabels, Counter>,
@@ -196,6 +237,18 @@ impl Metrics {
             "Model calls turned into trajectory steps and queued for the datapool",
             steps_recorded.clone(),
         );
+        let steps_captured = Family::<LevelLabels, Counter>::default();
+        registry.register(
+            "steps_captured",
+            "Steps recorded, by what the engine gave of its sampling: tokens (ids and logprobs), logprobs (without ids) or text",
+            steps_captured.clone(),
+        );
+        let capture_findings = Family::<FindingLabels, Counter>::default();
+        registry.register(
+            "capture_findings",
+            "What a trainer must know about recorded steps: trainable steps without logprobs, logprobs without ids, trajectories of a single call",
+            capture_findings.clone(),
+        );
         let steps_stored = Counter::default();
         registry.register(
             "steps_stored",
@@ -272,6 +325,8 @@ impl Metrics {
             orphaned_streams,
             orphans_cut,
             steps_recorded,
+            steps_captured,
+            capture_findings,
             steps_stored,
             records_dropped,
             recorder_queue,
@@ -307,6 +362,62 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(i64::try_from(pending).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Counts a recorded step's capture level and what it means for training.
+    pub fn captured(
+        &self,
+        capture: clawback_datapool::Capture,
+        trainable: bool,
+        tokens: &clawback_datapool::Tokens,
+    ) {
+        self.steps_captured
+            .get_or_create(&LevelLabels {
+                level: capture.as_str(),
+            })
+            .inc();
+        let has_logprobs = matches!(tokens, clawback_datapool::Tokens::Engine(t)
+            if !t.completion_logprobs.is_empty());
+        if trainable && !has_logprobs {
+            self.finding(Finding::TrainableWithoutLogprobs);
+        }
+        if capture == clawback_datapool::Capture::Logprobs {
+            self.finding(Finding::LogprobsWithoutIds);
+        }
+    }
+
+    pub fn finding(&self, finding: Finding) {
+        self.capture_findings
+            .get_or_create(&FindingLabels {
+                finding: finding.as_str(),
+            })
+            .inc();
+    }
+
+    /// Steps by capture level and the findings so far, for `/readyz`.
+    pub fn capture_summary(&self) -> serde_json::Value {
+        use clawback_datapool::Capture;
+        let mut steps = serde_json::Map::new();
+        for level in [Capture::Tokens, Capture::Logprobs, Capture::Text] {
+            let count = self
+                .steps_captured
+                .get_or_create(&LevelLabels {
+                    level: level.as_str(),
+                })
+                .get();
+            steps.insert(level.as_str().to_owned(), count.into());
+        }
+        let mut findings = serde_json::Map::new();
+        for finding in Finding::ALL {
+            let count = self
+                .capture_findings
+                .get_or_create(&FindingLabels {
+                    finding: finding.as_str(),
+                })
+                .get();
+            findings.insert(finding.as_str().to_owned(), count.into());
+        }
+        serde_json::json!({"steps": steps, "findings": findings})
     }
 
     pub fn render(&self) -> String {

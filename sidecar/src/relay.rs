@@ -40,6 +40,16 @@ pub struct Tap {
     pub record: Box<dyn FnOnce(Recorded) + Send + Sync>,
 }
 
+impl Tap {
+    /// A tap that translates the answer and records nothing.
+    pub fn translating(capture: crate::capture::Capture, is_sse: bool) -> Self {
+        Self {
+            capture: capture.response(is_sse),
+            record: Box::new(|_| {}),
+        }
+    }
+}
+
 /// What a tapped relay hands to its recorder when the body has ended.
 pub struct Recorded {
     pub assembled: crate::capture::Assembled,
@@ -69,6 +79,8 @@ pub struct Relay<B> {
     pub metrics: Arc<Metrics>,
     /// Whether what the client got so far ends on an SSE event boundary.
     pub at_event_boundary: bool,
+    /// The client's API: the error event of a broken stream is in its shape.
+    pub dialect: crate::route::Dialect,
 }
 
 impl<B> Relay<B>
@@ -215,15 +227,21 @@ where
         };
         tracing::warn!(upstream = %upstream.name, "{message}");
         // The head is already sent, so the status can't change. A stream gets a final event
-        // in OpenAI's error shape (the SDKs raise it); a plain body is cut so the client sees a
+        // in its API's error shape (the SDKs raise it); a plain body is cut so the client sees a
         // transfer error rather than truncated JSON it might accept.
         let item: RelayItem = if self.is_sse {
             // A half-sent event is ended first, so the error arrives as an event of its own.
             let separator = if self.at_event_boundary { "" } else { "\n\n" };
-            let event = format!(
-                "{separator}data: {}\n\n",
-                error_json(&message, "upstream_error", "upstream_stream_broken")
-            );
+            let event = match self.dialect {
+                crate::route::Dialect::OpenAi => format!(
+                    "{separator}data: {}\n\n",
+                    error_json(&message, "upstream_error", "upstream_stream_broken")
+                ),
+                crate::route::Dialect::Anthropic => format!(
+                    "{separator}{}",
+                    crate::anthropic::stream::error_event(&message)
+                ),
+            };
             Ok(Frame::data(Bytes::from(event)))
         } else {
             Err(message.into())

@@ -14,9 +14,23 @@ pub enum Endpoint {
     ChatCompletions,
     Completions,
     Responses,
+    /// `GET /v1/responses/{id}`: a stored response, served only to the tenant that made it.
+    StoredResponse,
+    /// Anthropic's Messages API ([`crate::anthropic`]).
+    Messages,
+    /// Anthropic's `count_tokens`: answered by the engine, never recorded.
+    CountTokens,
     Models,
     /// Any other `/v1/*` path: forwarded unchanged.
     Other,
+}
+
+/// Whose API a route speaks, and so the shape its errors take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dialect {
+    #[default]
+    OpenAi,
+    Anthropic,
 }
 
 impl Endpoint {
@@ -25,6 +39,9 @@ impl Endpoint {
             Self::ChatCompletions => "chat_completions",
             Self::Completions => "completions",
             Self::Responses => "responses",
+            Self::StoredResponse => "stored_response",
+            Self::Messages => "messages",
+            Self::CountTokens => "count_tokens",
             Self::Models => "models",
             Self::Other => "other_v1",
         }
@@ -35,8 +52,18 @@ impl Endpoint {
             (&Method::POST, "/v1/chat/completions") => Self::ChatCompletions,
             (&Method::POST, "/v1/completions") => Self::Completions,
             (&Method::POST, "/v1/responses") => Self::Responses,
+            (&Method::GET, path) if path.starts_with("/v1/responses/") => Self::StoredResponse,
+            (&Method::POST, "/v1/messages") => Self::Messages,
+            (&Method::POST, "/v1/messages/count_tokens") => Self::CountTokens,
             (&Method::GET, "/v1/models") => Self::Models,
             _ => Self::Other,
+        }
+    }
+
+    pub fn dialect(self) -> Dialect {
+        match self {
+            Self::Messages | Self::CountTokens => Dialect::Anthropic,
+            _ => Dialect::OpenAi,
         }
     }
 }
@@ -132,6 +159,15 @@ impl Route {
             endpoint: Endpoint::classify(method, api_path),
             session,
             upstream_path,
+        }
+    }
+
+    /// The API the caller speaks: its errors are answered in that API's shape.
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Self::Api { endpoint, .. }
+            | Self::ClawR1(crate::claw_r1::Route::Api { endpoint, .. }) => endpoint.dialect(),
+            _ => Dialect::OpenAi,
         }
     }
 

@@ -70,6 +70,12 @@ impl TenantResolver {
         })
     }
 
+    /// Whether calls may belong to more than one tenant (API keys or a trusted tenant header):
+    /// then what the engine keeps for one tenant (stored responses) must not be named by another.
+    pub fn is_shared(&self) -> bool {
+        !self.by_key_hash.is_empty() || self.trusted_header
+    }
+
     pub fn resolve(&self, headers: &HeaderMap) -> Result<TenantId, Unresolved> {
         if self.trusted_header {
             if let Some(value) = headers.get(TENANT_HEADER) {
@@ -80,7 +86,7 @@ impl TenantResolver {
                     .ok_or(Unresolved::BadHeader);
             }
         }
-        let known = bearer_key(headers)
+        let known = presented_key(headers)
             .map(|key| Sha256::digest(key.as_bytes()).into())
             .and_then(|hash: [u8; 32]| self.by_key_hash.get(&hash));
         match (known, &self.default) {
@@ -90,8 +96,9 @@ impl TenantResolver {
     }
 }
 
-/// The API key of `Authorization: Bearer <key>` (OpenAI SDKs) or `api-key: <key>` (Azure style).
-fn bearer_key(headers: &HeaderMap) -> Option<&str> {
+/// The API key of `Authorization: Bearer <key>` (OpenAI SDKs, and Anthropic's with an auth
+/// token), `x-api-key: <key>` (Anthropic SDKs) or `api-key: <key>` (Azure style), in that order.
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
     if let Some(auth) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -99,8 +106,16 @@ fn bearer_key(headers: &HeaderMap) -> Option<&str> {
         let (scheme, key) = auth.split_once(' ')?;
         return scheme.eq_ignore_ascii_case("bearer").then(|| key.trim());
     }
-    headers.get("api-key").and_then(|v| v.to_str().ok())
+    API_KEY_HEADERS
+        .iter()
+        .find_map(|name| headers.get(*name))
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
 }
+
+/// Headers that carry an API key besides `Authorization`; the forwarder removes them when it
+/// puts its own upstream key in place.
+pub const API_KEY_HEADERS: [&str; 2] = ["x-api-key", "api-key"];
 
 fn parse_key_hash(key: &str) -> Option<[u8; 32]> {
     let hex = key.strip_prefix("sha256:")?;
@@ -157,6 +172,18 @@ mod tests {
             .resolve(&headers(&[("authorization", "Bearer sk-beta")]))
             .unwrap();
         assert_eq!(t.as_str(), "beta");
+    }
+
+    #[test]
+    fn an_anthropic_sdks_x_api_key_maps_to_its_tenant_and_authorization_wins() {
+        let r = resolver(None, false);
+        let t = r.resolve(&headers(&[("x-api-key", "sk-alpha")])).unwrap();
+        assert_eq!(t.as_str(), "alpha");
+        let both = headers(&[
+            ("authorization", "Bearer sk-beta"),
+            ("x-api-key", "sk-alpha"),
+        ]);
+        assert_eq!(r.resolve(&both).unwrap().as_str(), "beta");
     }
 
     #[test]

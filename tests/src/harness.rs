@@ -107,3 +107,22 @@ pub fn repo_root() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_default()
 }
+
+/// The venv python that has the official OpenAI and Anthropic Python SDKs (`scripts/test`
+/// installs them; `CLAWBACK_SDK_PYTHON` overrides).
+pub fn sdk_python() -> PathBuf {
+    std::env::var_os("CLAWBACK_SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/clawback/sdk-venv/bin/python")
+        })
+}
+
+/// The folder whose `node_modules` has the official Node SDKs (`scripts/test` runs `npm ci`
+/// there; `CLAWBACK_SDK_NODE_DIR` overrides).
+pub fn sdk_node_dir() -> PathBuf {
+    std::env::var_os("CLAWBACK_SDK_NODE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("tests/sdk/node"))
+}

@@ -40,6 +40,8 @@ pub struct Assembled {
     pub usage: Option<Usage>,
     /// The `model` of the response: the base model or adapter that served it.
     pub model: Option<String>,
+    /// A Responses API response's `id` (what a next call names as `previous_response_id`).
+    pub response_id: Option<String>,
     pub ending: Ending,
 }
 
@@ -73,6 +75,7 @@ pub struct Assembler {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     model: Option<String>,
+    response_id: Option<String>,
     ending: Ending,
 }
 
@@ -108,6 +111,7 @@ impl Assembler {
             finish_reason: None,
             usage: None,
             model: None,
+            response_id: None,
             ending: Ending::Truncated,
         }
     }
@@ -199,6 +203,7 @@ impl Assembler {
             finish_reason,
             usage,
             model: self.model,
+            response_id: self.response_id,
             ending: self.ending,
         }
     }
@@ -278,6 +283,14 @@ impl Assembler {
         }
     }
 
+    fn set_response_id(&mut self, response: &Value) {
+        if self.response_id.is_none() {
+            if let Some(id) = response["id"].as_str().filter(|id| !id.is_empty()) {
+                self.response_id = Some(id.to_owned());
+            }
+        }
+    }
+
     fn set_model(&mut self, data: &Value) {
         if self.model.is_none() {
             if let Some(model) = data["model"].as_str().filter(|m| !m.is_empty()) {
@@ -289,6 +302,7 @@ impl Assembler {
     /// A whole Responses API `response` object: its output is authoritative.
     fn response(&mut self, response: &Value) {
         self.set_model(response);
+        self.set_response_id(response);
         if let Some(usage) = responses_usage(&response["usage"]) {
             self.usage = Some(usage);
         }
@@ -321,7 +335,10 @@ impl Assembler {
         let kind = data["type"].as_str().or(name).unwrap_or_default();
         let index = data["output_index"].as_u64().unwrap_or(0);
         match kind {
-            "response.created" | "response.in_progress" => self.set_model(&data["response"]),
+            "response.created" | "response.in_progress" => {
+                self.set_model(&data["response"]);
+                self.set_response_id(&data["response"]);
+            }
             "response.completed" | "response.incomplete" | "response.failed" => {
                 self.response(&data["response"]);
             }

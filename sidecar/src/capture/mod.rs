@@ -43,18 +43,70 @@ pub use request::{Injected, Unasked};
 pub use sse::{SseEvent, SseSplitter};
 use strip::Stripped;
 
+/// Most of an engine's error body kept for its translation.
+const ERROR_BODY_LIMIT: usize = 64 << 10;
+
 /// The capture of one call, between rewriting its request and seeing its response.
 #[derive(Debug, Clone, Copy)]
 pub struct Capture {
     endpoint: Endpoint,
     injected: Injected,
+    answer: Answer,
+}
+
+/// What the agent gets of the engine's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Answer {
+    /// The answer as the engine sent it, less what the sidecar asked for.
+    #[default]
+    AsSent,
+    /// A chat answer translated to Anthropic's Messages API ([`crate::anthropic`]).
+    Messages,
+    /// The engine's error answer to a translated Messages call, in Anthropic's error shape.
+    MessagesError(http::StatusCode),
+}
+
+impl Answer {
+    /// The API the agent speaks.
+    pub fn dialect(self) -> crate::route::Dialect {
+        match self {
+            Self::AsSent => crate::route::Dialect::OpenAi,
+            Self::Messages | Self::MessagesError(_) => crate::route::Dialect::Anthropic,
+        }
+    }
+}
+
+/// How an answer is translated on its way to the agent.
+#[derive(Debug)]
+enum Translation {
+    Messages(crate::anthropic::stream::StreamTranslator),
+    Error(http::StatusCode),
 }
 
 impl Capture {
     /// Rewrites `body` to ask `kind`'s engine for token ids and logprobs on `endpoint`.
     pub fn for_request(kind: UpstreamKind, endpoint: Endpoint, body: &mut Value) -> Self {
         let injected = request::inject(kind, endpoint, body);
-        Capture { endpoint, injected }
+        Capture {
+            endpoint,
+            injected,
+            answer: Answer::AsSent,
+        }
+    }
+
+    /// A capture that asked the engine for nothing (a call that is translated, not recorded).
+    pub fn untouched(endpoint: Endpoint) -> Self {
+        Capture {
+            endpoint,
+            injected: Injected::default(),
+            answer: Answer::AsSent,
+        }
+    }
+
+    /// The agent gets the answer as `answer`.
+    pub fn answering(mut self, answer: Answer) -> Self {
+        self.answer = answer;
+        self
     }
 
     /// What was added to the request, to be stripped from the response.
@@ -65,7 +117,7 @@ impl Capture {
     /// Whether the response may reach the agent changed: then the upstream's `Content-Length`
     /// no longer holds and must not be forwarded.
     pub fn rewrites_response(&self) -> bool {
-        !self.injected.is_empty()
+        !self.injected.is_empty() || self.answer != Answer::AsSent
     }
 
     /// Starts reading the response; `is_sse` from its `Content-Type` (`text/event-stream`),
@@ -76,10 +128,18 @@ impl Capture {
         } else {
             Mode::Body(BytesMut::new())
         };
+        let translation = match self.answer {
+            Answer::AsSent => None,
+            Answer::Messages => Some(Translation::Messages(
+                crate::anthropic::stream::StreamTranslator::new(),
+            )),
+            Answer::MessagesError(status) => Some(Translation::Error(status)),
+        };
         ResponseCapture {
             injected: self.injected,
             assembler: Assembler::new(self.endpoint),
             mode,
+            translation,
             limit: usize::MAX,
             seen: 0,
         }
@@ -114,6 +174,9 @@ pub struct ResponseCapture {
     injected: Injected,
     assembler: Assembler,
     mode: Mode,
+    /// Set when the agent gets the answer translated (a stream event by event; a plain body
+    /// whole at its end).
+    translation: Option<Translation>,
     /// Body bytes the capture keeps and assembles; past them the response passes through.
     limit: usize,
     seen: usize,
@@ -148,10 +211,32 @@ impl ResponseCapture {
         self.seen > self.limit
     }
 
+    /// Whether the agent may get other bytes than the engine sent (see
+    /// [`Capture::rewrites_response`]).
+    pub fn rewrites_response(&self) -> bool {
+        !self.injected.is_empty() || self.translation.is_some()
+    }
+
     /// Takes in one frame of the upstream body and says what to send the agent for it.
     pub fn on_frame(&mut self, frame: &Bytes) -> Forward {
         self.seen = self.seen.saturating_add(frame.len());
         let assemble = !self.over_limit();
+        match &mut self.translation {
+            Some(Translation::Messages(translator)) => {
+                let assembler = assemble.then_some(&mut self.assembler);
+                return translate_frame(&mut self.mode, translator, assembler, frame);
+            }
+            Some(Translation::Error(_)) => {
+                // An error body is small; it is held and written again at its end.
+                if let Mode::Body(body) = &mut self.mode {
+                    if body.len() < ERROR_BODY_LIMIT {
+                        body.extend_from_slice(frame);
+                    }
+                }
+                return Forward::Held;
+            }
+            None => {}
+        }
         match &mut self.mode {
             Mode::Body(body) if !assemble => {
                 // Past the limit a plain body is no longer held: what was held goes out with
@@ -220,41 +305,120 @@ impl ResponseCapture {
             injected,
             mut assembler,
             mode,
+            translation,
             ..
         } = self;
-        let tail = match mode {
-            Mode::Sse(mut splitter) => {
-                // An event cut off by the end of the stream: when nothing needed stripping it was
-                // forwarded already; otherwise it is dropped, as an SSE client would drop it, and
-                // so that an error event the relay appends is not glued onto half a line.
+        let tail = match (mode, translation) {
+            (Mode::Body(body), Some(Translation::Error(status))) => Some(Bytes::from(
+                crate::anthropic::response::translate_error(status, &body),
+            )),
+            (Mode::Sse(mut splitter), Some(_)) => {
                 splitter.finish();
                 None
             }
-            // Past the limit everything was passed on already.
-            Mode::Body(_) if truncated => None,
-            Mode::Body(body) => {
+            // Translated whole: the agent gets a message or, when the engine's body is not
+            // JSON, what it sent.
+            (Mode::Body(body), Some(Translation::Messages(_))) => {
                 let body = body.freeze();
-                let rewritten = match serde_json::from_slice::<Value>(&body) {
+                match serde_json::from_slice::<Value>(&body) {
                     Ok(json) => {
-                        assembler.on_body(&json);
-                        match strip::strip(&body, &injected) {
-                            Stripped::Rewritten(bytes) => Some(Bytes::from(bytes)),
-                            Stripped::Unchanged | Stripped::Dropped => None,
+                        if !truncated {
+                            assembler.on_body(&json);
                         }
+                        Some(Bytes::from(
+                            crate::anthropic::response::message(&json).to_string(),
+                        ))
                     }
-                    Err(_) => None,
-                };
-                match rewritten {
-                    Some(bytes) => Some(bytes),
-                    None if injected.is_empty() || body.is_empty() => None,
-                    None => Some(body),
+                    Err(_) => (!body.is_empty()).then_some(body),
                 }
             }
+            (mode, None) => finish_as_sent(mode, &injected, &mut assembler, truncated),
         };
         Finished {
             tail,
             assembled: assembler.finish(),
             truncated,
+        }
+    }
+}
+
+/// The bytes still to send at the end of an answer that reaches the agent as it came.
+fn finish_as_sent(
+    mode: Mode,
+    injected: &Injected,
+    assembler: &mut Assembler,
+    truncated: bool,
+) -> Option<Bytes> {
+    match mode {
+        Mode::Sse(mut splitter) => {
+            // An event cut off by the end of the stream: when nothing needed stripping it was
+            // forwarded already; otherwise it is dropped, as an SSE client would drop it, and
+            // so that an error event the relay appends is not glued onto half a line.
+            splitter.finish();
+            None
+        }
+        // Past the limit everything was passed on already.
+        Mode::Body(_) if truncated => None,
+        Mode::Body(body) => {
+            let body = body.freeze();
+            let rewritten = match serde_json::from_slice::<Value>(&body) {
+                Ok(json) => {
+                    assembler.on_body(&json);
+                    match strip::strip(&body, injected) {
+                        Stripped::Rewritten(bytes) => Some(Bytes::from(bytes)),
+                        Stripped::Unchanged | Stripped::Dropped => None,
+                    }
+                }
+                Err(_) => None,
+            };
+            match rewritten {
+                Some(bytes) => Some(bytes),
+                None if injected.is_empty() || body.is_empty() => None,
+                None => Some(body),
+            }
+        }
+    }
+}
+
+/// One upstream frame of an answer translated to Messages: a stream's whole events become the
+/// Anthropic events they translate to; a plain body is held for its end.
+fn translate_frame(
+    mode: &mut Mode,
+    translator: &mut crate::anthropic::stream::StreamTranslator,
+    mut assembler: Option<&mut Assembler>,
+    frame: &Bytes,
+) -> Forward {
+    match mode {
+        Mode::Body(body) => {
+            body.extend_from_slice(frame);
+            Forward::Held
+        }
+        Mode::Sse(splitter) => {
+            splitter.push(frame);
+            let mut out = BytesMut::new();
+            while let Some(event) = splitter.next_event() {
+                let Some(data) = event.data.as_ref() else {
+                    continue;
+                };
+                if event.is_done() {
+                    if let Some(assembler) = assembler.as_deref_mut() {
+                        assembler.on_done();
+                    }
+                    translator.on_done(&mut out);
+                    continue;
+                }
+                if let Ok(json) = serde_json::from_slice::<Value>(data) {
+                    if let Some(assembler) = assembler.as_deref_mut() {
+                        assembler.on_event(event.event.as_deref(), &json);
+                    }
+                    translator.on_chunk(&json, &mut out);
+                }
+            }
+            if out.is_empty() {
+                Forward::Held
+            } else {
+                Forward::Rewritten(out.freeze())
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! once, in [`crate::app::build`].
 
 pub mod agent_api;
+pub mod dialect;
 pub mod load_shed;
 pub mod observe;
 pub mod request_id;

@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
-    AssistantOutput, Complete, CompletionReason, Endpoint, GroupId, GroupMembership, NextState,
-    PolicyRef, Step, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory,
+    AssistantOutput, Capture, Complete, CompletionReason, Endpoint, GroupId, GroupMembership,
+    NextState, PolicyRef, Step, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory,
     TrajectoryId, UnixMs, UpstreamRef, Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
 };
 use serde_json::{json, Map, Value};
@@ -55,6 +55,8 @@ pub struct Call {
     /// A redaction rule matched the request: the step keeps no engine tokens (they would
     /// spell what was redacted).
     pub redacted: bool,
+    /// A Responses call: what its response id will stand for.
+    pub responses: Option<crate::session::responses::Turn>,
 }
 
 /// What the upstream answered, assembled whole.
@@ -67,6 +69,10 @@ pub struct Outcome {
     pub upstream: UpstreamRef,
     pub first_token_at: Option<UnixMs>,
     pub finished_at: UnixMs,
+    /// A Responses API response's id.
+    pub response_id: Option<String>,
+    /// The engine gave logprobs without token ids (their tokens as strings).
+    pub logprobs_without_ids: bool,
     /// The response arrived whole (`[DONE]`, `response.completed`, a full body).
     pub complete: bool,
     /// Larger than `recording.max_step_bytes`: only its beginning was assembled.
@@ -119,6 +125,8 @@ impl Pending {
                     upstream,
                     first_token_at: recorded.first_byte_at,
                     finished_at: UnixMs::now(),
+                    response_id: assembled.response_id,
+                    logprobs_without_ids: !assembled.logprobs_without_ids.is_empty(),
                     complete,
                     truncated: recorded.truncated,
                 };
@@ -163,6 +171,8 @@ pub struct Recorder {
     store: Arc<dyn Store>,
     /// The filter host, told about trajectories, steps and next states when plugins run.
     filters: OnceLock<Arc<clawback_filters::Filters>>,
+    /// The Responses calls' conversations, by response id.
+    responses: crate::session::responses::StoredResponses,
 }
 
 /// Why a trajectory ends, as the store records it.
@@ -188,6 +198,7 @@ impl Recorder {
             config.batch_max.max(1),
             Arc::clone(&metrics),
         ));
+        let config_responses_max_bytes = config.responses_max_bytes;
         let stitcher = Stitcher::new(StitchConfig {
             max_entries: config.stitch_max_entries.max(1),
             ttl: config.idle_timeout,
@@ -202,12 +213,18 @@ impl Recorder {
             metrics,
             store,
             filters: OnceLock::new(),
+            responses: crate::session::responses::StoredResponses::new(config_responses_max_bytes),
         });
         Ok(recorder)
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The responses relayed lately (stateful Responses calls resolve through it).
+    pub fn responses(&self) -> &crate::session::responses::StoredResponses {
+        &self.responses
     }
 
     /// Lets the filter host follow what is recorded (once, at start).
@@ -249,9 +266,9 @@ impl Recorder {
         let history = request::messages(endpoint, body);
         // A call that names no session may continue one by its history. Hashing happens before
         // any lock is taken.
-        let stitched = match &hints.session {
-            Some(_) => None,
-            None => {
+        let stitched = match (&hints.session, &hints.continues) {
+            (Some(_), _) | (_, Some(_)) => None,
+            (None, None) => {
                 let keys = RequestKeys::of(&tenant, &history);
                 match self.stitcher().lookup_keys(&keys) {
                     Lookup::Continues(continuation) => Some(continuation),
@@ -270,7 +287,7 @@ impl Recorder {
                 .get(&(tenant.clone(), name.clone()))
                 .copied(),
             (None, Some(continuation)) => Some(continuation.trajectory),
-            (None, None) => None,
+            (None, None) => hints.continues.as_ref().map(|c| c.trajectory),
         }
         .filter(|id| {
             sessions
@@ -287,8 +304,15 @@ impl Recorder {
             live.last_seen = Instant::now();
             live.in_flight += 1;
             if let Some(step) = live.last_step {
-                let added = match &stitched {
-                    Some(continuation) if known.is_some() => {
+                let added = match (&stitched, &hints.continues) {
+                    (_, Some(continues)) if known.is_some() => {
+                        let mut added = continues.next_state.clone();
+                        added.iter_mut().for_each(|m| {
+                            self.redactor.value(m);
+                        });
+                        added
+                    }
+                    (Some(continuation), _) if known.is_some() => {
                         let mut added = continuation.next_state(history).to_vec();
                         added.iter_mut().for_each(|m| {
                             self.redactor.value(m);
@@ -328,6 +352,7 @@ impl Recorder {
             traceparent,
             policy: None,
             redacted,
+            responses: None,
         }
     }
 
@@ -462,6 +487,17 @@ impl Recorder {
             let history = call.unredacted.as_deref().unwrap_or(&call.request.messages);
             let keys = CallKeys::of(&call.tenant, history, &reply);
             self.stitcher().remember_keys(call.trajectory, keys);
+            if let (Some(turn), Some(id)) = (&call.responses, &outcome.response_id) {
+                let mut items = turn.new_items.clone();
+                items.extend(crate::session::responses::reply_items(&outcome.output));
+                self.responses.remember(
+                    &call.tenant,
+                    id.clone(),
+                    call.trajectory,
+                    turn.previous.clone(),
+                    items,
+                );
+            }
         }
         let mut output = outcome.output;
         let mut tokens = outcome.tokens;
@@ -470,6 +506,13 @@ impl Recorder {
         if self.redactor.output(&mut output) || call.redacted || outcome.truncated {
             tokens = Tokens::None;
         }
+        let capture = match (&tokens, outcome.logprobs_without_ids) {
+            (Tokens::Engine(_), _) => Capture::Tokens,
+            (Tokens::None, true) => Capture::Logprobs,
+            (Tokens::None, false) => Capture::Text,
+        };
+        let trainable = call.trainable && outcome.complete;
+        self.metrics.captured(capture, trainable, &tokens);
         let covered = call.request.messages.len() + 1;
         let (index, step_id) = {
             let mut sessions = self.sessions();
@@ -494,7 +537,7 @@ impl Recorder {
             tenant: call.tenant.clone(),
             trajectory: call.trajectory,
             index,
-            trainable: call.trainable && outcome.complete,
+            trainable,
             endpoint: call.endpoint,
             request: call.request,
             output,
@@ -511,6 +554,7 @@ impl Recorder {
             next_state: None,
             traceparent: call.traceparent,
             truncated: outcome.truncated,
+            capture: Some(capture),
         };
         self.metrics.steps_recorded.inc();
         if let Some(filters) = self.filters.get() {
@@ -568,6 +612,10 @@ impl Recorder {
                 _ => return false,
             }
             if let Some(live) = sessions.live.remove(&trajectory) {
+                if live.next_index == 1 {
+                    self.metrics
+                        .finding(crate::metrics::Finding::SingleCallTask);
+                }
                 if let Some(name) = live.name {
                     let key = (live.tenant, name);
                     if sessions.by_name.get(&key) == Some(&trajectory) {

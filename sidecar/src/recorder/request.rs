@@ -13,7 +13,12 @@ pub fn endpoint(route: route::Endpoint) -> Option<Endpoint> {
         route::Endpoint::ChatCompletions => Some(Endpoint::ChatCompletions),
         route::Endpoint::Completions => Some(Endpoint::Completions),
         route::Endpoint::Responses => Some(Endpoint::Responses),
-        route::Endpoint::Models | route::Endpoint::Other => None,
+        // A Messages call is recorded as the chat call it is translated to.
+        route::Endpoint::Messages
+        | route::Endpoint::CountTokens
+        | route::Endpoint::StoredResponse
+        | route::Endpoint::Models
+        | route::Endpoint::Other => None,
     }
 }
 

@@ -48,6 +48,16 @@ pub struct Hints {
     pub done: bool,
     /// An OpenClaw-RL `side` turn: forwarded and recorded, never trained on.
     pub side_turn: bool,
+    /// The call continues a response the sidecar relayed (`previous_response_id`).
+    pub continues: Option<Continues>,
+}
+
+/// A stateful Responses call's trajectory, and what it adds to the conversation (the next
+/// state of that trajectory's last step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continues {
+    pub trajectory: clawback_datapool::TrajectoryId,
+    pub next_state: Vec<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +109,7 @@ impl Hints {
             group,
             done,
             side_turn,
+            continues: None,
         })
     }
 }

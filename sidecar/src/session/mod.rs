@@ -3,6 +3,8 @@
 
 pub mod canonical;
 pub mod explicit;
+pub mod keys;
+pub mod responses;
 pub mod stitch;
 
 pub use stitch::{CallKeys, Clock, Continuation, Lookup, RequestKeys, StitchConfig, Stitcher};

@@ -11,11 +11,11 @@ use clawback_datapool::{
 };
 use clawback_sidecar::config::Config;
 use clawback_sidecar::tenant::key_hash;
-use clawback_tests::harness::{repo_root, test_config, Sidecar};
+use clawback_tests::harness::{repo_root, sdk_python as python, test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use serde_json::{json, Value};
 
-use crate::support::{assert_openai_error, client, poll, python, store};
+use crate::support::{assert_openai_error, client, poll, store};
 
 const KEY_A: &str = "sk-claw-a";
 const KEY_B: &str = "sk-claw-b";

@@ -1,5 +1,6 @@
 //! The sidecar proxy over real loopback HTTP: mock engine → sidecar → real clients.
 
+mod anthropic;
 mod balancing;
 mod claw_r1;
 mod forwarding;

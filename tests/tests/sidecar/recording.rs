@@ -624,3 +624,146 @@ async fn redaction_rules_scrub_secrets_before_they_are_stored() {
         assert!(!String::from_utf8_lossy(&bytes).contains("sk-live-abcdef"));
     }
 }
+
+#[tokio::test]
+async fn a_session_key_from_the_handshake_puts_every_call_in_its_trajectory_and_tenant() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.admin.token = Some("admin-secret".to_owned());
+    config.tenants.default = None;
+    config.tenants.keys.insert(
+        clawback_sidecar::tenant::key_hash("sk-acme"),
+        "acme".to_owned(),
+    );
+    let sidecar = Sidecar::start(config).await;
+    let created: Value = client()
+        .post(sidecar.url("/trajectories"))
+        .bearer_auth("admin-secret")
+        .json(&json!({"tenant": "acme", "session_key": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["trajectory_id"].as_str().unwrap().to_owned();
+    let key = created["api_key"].as_str().unwrap().to_owned();
+
+    // Two unrelated conversations, sent as an agent that only takes a key would send them, one
+    // with a header naming another session: the key wins.
+    for (i, header) in [None, Some("another-session")].into_iter().enumerate() {
+        let mut call = client()
+            .post(sidecar.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&json!({"model": "mock-llama",
+                          "messages": [{"role": "user", "content": format!("question {i}")}]}));
+        if let Some(header) = header {
+            call = call.header("x-clawback-session", header);
+        }
+        let answer = call.send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+        answer.bytes().await.unwrap();
+    }
+    // As `x-api-key` (an Anthropic client) too.
+    let answer = client()
+        .post(sidecar.url("/v1/messages"))
+        .header("x-api-key", &key)
+        .json(&json!({"model": "mock-llama", "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "question 2"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.bytes().await.unwrap();
+
+    let store = store(&sidecar);
+    let tenant = TenantId::new("acme").unwrap();
+    let trajectory: clawback_datapool::TrajectoryId = id.parse().unwrap();
+    let record = poll("three steps in the key's trajectory", || {
+        let store = Arc::clone(&store);
+        let tenant = tenant.clone();
+        async move {
+            let record = store.trajectory(&tenant, &trajectory).await.ok()??;
+            (record.steps.len() == 3).then_some(record)
+        }
+    })
+    .await;
+    assert_eq!(record.trajectory.tenant, tenant);
+    // The engine never saw the session key.
+    for received in engine.received() {
+        for name in ["authorization", "x-api-key", "api-key"] {
+            let value = received.headers.get(name).and_then(|v| v.to_str().ok());
+            assert!(
+                !value.is_some_and(|v| v.contains(&key)),
+                "the session key reached the engine in {name}"
+            );
+        }
+    }
+    // A key nobody minted is an unknown key.
+    let unknown = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .bearer_auth(format!("{key}0"))
+        .json(&json!({"model": "mock-llama", "messages": first_turn()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 401);
+}
+
+#[tokio::test]
+async fn readyz_shows_the_capture_level_and_what_a_trainer_must_know() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.upstream_kind = clawback_sidecar::config::UpstreamKind::Vllm;
+    let sidecar = Sidecar::start(config).await;
+    // A whole task in one model call, its trajectory closed by the done header.
+    let answer = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .header("x-clawback-done", "true")
+        .json(&json!({"model": "mock-llama", "messages": first_turn()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.bytes().await.unwrap();
+    let ready = poll("the finding at /readyz", || {
+        let url = sidecar.url("/readyz");
+        async move {
+            let ready: Value = client().get(url).send().await.ok()?.json().await.ok()?;
+            (ready["capture"]["findings"]["single_call_task"] == 1).then_some(ready)
+        }
+    })
+    .await;
+    assert_eq!(ready["capture"]["expected"], "tokens");
+    assert_eq!(ready["capture"]["steps"]["tokens"], 1, "{ready}");
+    assert_eq!(
+        ready["capture"]["findings"]["trainable_without_logprobs"],
+        0
+    );
+    let store = store(&sidecar);
+    let tenant = TenantId::new("default").unwrap();
+    let header = store
+        .list_trajectories(&tenant, None, 1)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    let record = store
+        .trajectory(&tenant, &header.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.steps[0].capture,
+        Some(clawback_datapool::Capture::Tokens)
+    );
+    let metrics = client()
+        .get(sidecar.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("clawback_capture_findings_total{finding=\"single_call_task\"} 1"));
+}

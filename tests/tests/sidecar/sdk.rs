@@ -4,19 +4,12 @@
 //! tests/sdk/node); their locations can be overridden with CLAWBACK_SDK_PYTHON and
 //! CLAWBACK_SDK_NODE_DIR.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use clawback_tests::harness::{repo_root, test_config, Sidecar};
+use clawback_tests::harness::{
+    repo_root, sdk_node_dir, sdk_python as python, test_config, Sidecar,
+};
 use clawback_tests::mock::MockUpstream;
-
-use crate::support::python;
-
-fn node_dir() -> PathBuf {
-    std::env::var_os("CLAWBACK_SDK_NODE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("tests/sdk/node"))
-}
 
 async fn run_client(mut command: Command, what: &str) {
     let sidecar_engine = MockUpstream::start().await;
@@ -72,7 +65,7 @@ async fn the_python_sdk_works_through_the_sidecar() {
 
 #[tokio::test]
 async fn the_node_sdk_works_through_the_sidecar() {
-    let dir = node_dir();
+    let dir = sdk_node_dir();
     assert!(
         dir.join("node_modules/openai").exists(),
         "{} has no node_modules/openai: run scripts/test",

@@ -199,14 +199,3 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
-
-/// The OpenAI Python SDK's venv python (`scripts/test` installs it; `CLAWBACK_SDK_PYTHON`
-/// overrides).
-pub fn python() -> std::path::PathBuf {
-    std::env::var_os("CLAWBACK_SDK_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/clawback/sdk-venv/bin/python")
-        })
-}

@@ -4,6 +4,9 @@
 //! vLLM's own ids and logprobs. No mock here: every expectation is vLLM's answer to the same
 //! request sent to it directly.
 
+mod anthropic;
+mod responses;
+
 use std::sync::Arc;
 use std::time::Duration;
 
