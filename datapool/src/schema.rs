@@ -228,6 +228,9 @@ pub enum Endpoint {
     ChatCompletions,
     Responses,
     Completions,
+    /// Anthropic's Messages API passed to an upstream that speaks it: the request is recorded as
+    /// the chat messages it stands for, the answer text only.
+    Messages,
 }
 
 /// The request as the agent sent it, minus credentials and the fields the sidecar injected.
@@ -349,6 +352,8 @@ pub enum UpstreamKind {
     Vllm,
     Sglang,
     Openai,
+    /// A server of Anthropic's Messages API (Anthropic's, or an engine's own `/v1/messages`).
+    Anthropic,
 }
 
 /// OpenAI `usage`.

@@ -397,6 +397,11 @@ where
             }
             (body, endpoint, upstream_path, Answer::AsSent)
         }
+        Endpoint::Messages
+            if app.config.upstream_kind == crate::config::UpstreamKind::Anthropic =>
+        {
+            (body, endpoint, upstream_path, Answer::MessagesAsSent)
+        }
         Endpoint::Messages => {
             let chat = crate::anthropic::to_chat_body(&body)?;
             let path = crate::anthropic::CHAT_PATH.to_owned();
@@ -637,7 +642,7 @@ fn expected_capture(kind: crate::config::UpstreamKind) -> &'static str {
     match kind {
         UpstreamKind::Vllm => "tokens",
         UpstreamKind::Sglang => "tokens; logprobs without ids when streaming",
-        UpstreamKind::Openai => "text",
+        UpstreamKind::Openai | UpstreamKind::Anthropic => "text",
     }
 }
 

@@ -292,6 +292,9 @@ fn init(
     ok(&json!({"trajectory_uid": uid, "base_url": format!("{root}/{uid}/1/v1")}))
 }
 
+/// Claw-R1's channel of validation rollouts: recorded and scored, never trained on.
+const VALIDATION_CHANNEL: &str = "val";
+
 fn register(
     app: &App,
     tenant: &TenantId,
@@ -304,12 +307,18 @@ fn register(
         (None, None) => return Err(ClawR1Error::BadBody("trajectory_uid is missing".into())),
     };
     let mut metadata = body.metadata;
+    let validation = body.channel.as_deref() == Some(VALIDATION_CHANNEL);
     if let Some(channel) = body.channel {
         metadata.insert("channel".to_owned(), json!(channel));
     }
     metadata.insert("prompt_uid".to_owned(), json!(prompt));
     let agent = json!({ "metadata": Value::Object(metadata) });
-    ensure_open(app, tenant, &uid, &prompt, &agent)?;
+    let id = ensure_open(app, tenant, &uid, &prompt, &agent)?;
+    if validation {
+        if let Some(recorder) = &app.recorder {
+            recorder.evaluation_only(id);
+        }
+    }
     ok(&json!({"status": "ok"}))
 }
 

@@ -21,6 +21,9 @@ pub enum UpstreamKind {
     Openai,
     Vllm,
     Sglang,
+    /// Speaks Anthropic's Messages API itself: `/v1/messages` passes through unchanged
+    /// (recorded text only) and `upstream_api_key` goes as `x-api-key`.
+    Anthropic,
 }
 
 /// The datapool's name for the same kind (it records which kind served a step); the config
@@ -31,6 +34,7 @@ impl From<UpstreamKind> for clawback_datapool::UpstreamKind {
             UpstreamKind::Openai => Self::Openai,
             UpstreamKind::Vllm => Self::Vllm,
             UpstreamKind::Sglang => Self::Sglang,
+            UpstreamKind::Anthropic => Self::Anthropic,
         }
     }
 }

@@ -42,8 +42,9 @@ pub struct UpstreamTiming {
 pub struct Forwarder {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     pool: Arc<Pool>,
-    /// `Bearer <key>` that replaces the client's `Authorization`, when configured.
-    upstream_auth: Option<HeaderValue>,
+    /// The upstream key's header (`Authorization: Bearer <key>`, or `x-api-key` for Anthropic's
+    /// API), replacing the client's key, when configured.
+    upstream_auth: Option<(HeaderName, HeaderValue)>,
     timeouts: Timeouts,
     kind: UpstreamKind,
     metrics: Arc<Metrics>,
@@ -81,10 +82,16 @@ impl Forwarder {
             .build(connector);
         let upstream_auth = upstream_api_key
             .map(|key| {
-                let mut value =
-                    HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| InvalidApiKey)?;
+                // Anthropic's API takes its key as `x-api-key`; the rest as a bearer token.
+                let (name, value) = match kind {
+                    UpstreamKind::Anthropic => {
+                        (HeaderName::from_static("x-api-key"), key.to_owned())
+                    }
+                    _ => (header::AUTHORIZATION, format!("Bearer {key}")),
+                };
+                let mut value = HeaderValue::try_from(value).map_err(|_| InvalidApiKey)?;
                 value.set_sensitive(true);
-                Ok(value)
+                Ok((name, value))
             })
             .transpose()?;
         Ok(Self {
@@ -297,12 +304,13 @@ impl Forwarder {
         if let Some(id) = parts.extensions.get::<RequestId>() {
             headers.insert(REQUEST_ID_HEADER, id.0.clone());
         }
-        if let Some(auth) = &self.upstream_auth {
+        if let Some((name, value)) = &self.upstream_auth {
             // The tenant's key, in whichever header it came, stays here.
-            for name in crate::tenant::API_KEY_HEADERS {
-                headers.remove(name);
+            headers.remove(header::AUTHORIZATION);
+            for key_header in crate::tenant::API_KEY_HEADERS {
+                headers.remove(key_header);
             }
-            headers.insert(header::AUTHORIZATION, auth.clone());
+            headers.insert(name.clone(), value.clone());
         }
         Ok(request)
     }

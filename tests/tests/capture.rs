@@ -84,6 +84,9 @@ fn engine_response(endpoint: Endpoint, request: &Value) -> Vec<u8> {
         (Endpoint::Responses, true) => sse(engine_json::response_events(ID, request, &reply)
             .into_iter()
             .map(|(name, data)| (Some(name), data))),
+        // Not among the endpoints these properties run (its shapes are vLLM's own, tested
+        // against vLLM in tests/tests/vllm/anthropic.rs).
+        (Endpoint::Messages, _) => Vec::new(),
     }
 }
 

@@ -123,6 +123,7 @@ impl Assembler {
         }
         match self.endpoint {
             Endpoint::Responses => self.response(body),
+            Endpoint::Messages => self.anthropic_message(body, true),
             Endpoint::ChatCompletions | Endpoint::Completions => {
                 if body.get("choices").is_some_and(Value::is_array) {
                     self.chunk(body, "message");
@@ -139,6 +140,7 @@ impl Assembler {
         }
         match self.endpoint {
             Endpoint::Responses => self.response_event(name, data),
+            Endpoint::Messages => self.message_event(data),
             Endpoint::ChatCompletions | Endpoint::Completions => self.chunk(data, "delta"),
         }
     }
@@ -280,6 +282,89 @@ impl Assembler {
         match converted {
             Some(entries) => self.logprobs.extend(entries),
             None => self.logprobs_broken = true,
+        }
+    }
+
+    /// An Anthropic `message`: its start in a stream, or (`whole`) a non-streamed answer.
+    fn anthropic_message(&mut self, message: &Value, whole: bool) {
+        self.set_model(message);
+        if let Some(usage) = messages_usage(&message["usage"]) {
+            self.usage = Some(usage);
+        }
+        if !whole {
+            return;
+        }
+        for (index, block) in message["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            self.content_block(index as u64, block);
+        }
+        if let Some(reason) = message["stop_reason"].as_str() {
+            self.finish_reason = Some(messages_finish_reason(reason));
+        }
+        self.ending = Ending::Complete;
+    }
+
+    /// One event of an Anthropic Messages stream.
+    fn message_event(&mut self, data: &Value) {
+        let index = data["index"].as_u64().unwrap_or(0);
+        match data["type"].as_str().unwrap_or_default() {
+            "message_start" => self.anthropic_message(&data["message"], false),
+            "content_block_start" => self.content_block(index, &data["content_block"]),
+            "content_block_delta" => {
+                let delta = &data["delta"];
+                match delta["type"].as_str().unwrap_or_default() {
+                    "text_delta" => push_str(&mut self.content, &delta["text"]),
+                    "thinking_delta" => push_str(&mut self.reasoning, &delta["thinking"]),
+                    "input_json_delta" => {
+                        if let Some(call) = self.tool_calls.get_mut(&index) {
+                            push_str(&mut call.arguments, &delta["partial_json"]);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = data["delta"]["stop_reason"].as_str() {
+                    self.finish_reason = Some(messages_finish_reason(reason));
+                }
+                if let Some(output) = data["usage"]["output_tokens"].as_u64() {
+                    let usage = self.usage.get_or_insert_with(Usage::default);
+                    usage.completion_tokens = u32::try_from(output).unwrap_or(u32::MAX);
+                    usage.total_tokens =
+                        usage.prompt_tokens.saturating_add(usage.completion_tokens);
+                }
+            }
+            "message_stop" => self.ending = Ending::Complete,
+            _ => {}
+        }
+    }
+
+    /// A content block of a message: text, thinking, or a tool call (whose input a stream sends
+    /// as `input_json_delta`s after an empty one).
+    fn content_block(&mut self, index: u64, block: &Value) {
+        match block["type"].as_str().unwrap_or_default() {
+            "text" => push_str(&mut self.content, &block["text"]),
+            "thinking" => push_str(&mut self.reasoning, &block["thinking"]),
+            "tool_use" => {
+                let input = &block["input"];
+                let empty = input.as_object().is_none_or(serde_json::Map::is_empty);
+                let call = ToolCall {
+                    id: block["id"].as_str().map(str::to_owned),
+                    kind: Some("function".to_owned()),
+                    name: block["name"].as_str().map(str::to_owned),
+                    arguments: if empty {
+                        String::new()
+                    } else {
+                        input.to_string()
+                    },
+                };
+                self.tool_calls.insert(index, call);
+            }
+            _ => {}
         }
     }
 
@@ -553,6 +638,31 @@ fn bytes(value: &Value) -> Option<Vec<u8>> {
 
 fn chat_usage(usage: &Value) -> Option<Usage> {
     usage_from(usage, "prompt_tokens", "completion_tokens")
+}
+
+/// Anthropic's usage: its `input_tokens` leave out what was read from or written to its cache.
+fn messages_usage(usage: &Value) -> Option<Usage> {
+    let count = |key: &str| usage[key].as_u64().and_then(|n| u32::try_from(n).ok());
+    let prompt_tokens = count("input_tokens")?
+        .saturating_add(count("cache_read_input_tokens").unwrap_or(0))
+        .saturating_add(count("cache_creation_input_tokens").unwrap_or(0));
+    let completion_tokens = count("output_tokens").unwrap_or(0);
+    Some(Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens.saturating_add(completion_tokens),
+    })
+}
+
+/// An Anthropic `stop_reason` as the chat `finish_reason` a trainer reads.
+fn messages_finish_reason(reason: &str) -> String {
+    match reason {
+        "end_turn" | "stop_sequence" => "stop",
+        "max_tokens" => "length",
+        "tool_use" => "tool_calls",
+        other => other,
+    }
+    .to_owned()
 }
 
 fn responses_usage(usage: &Value) -> Option<Usage> {

@@ -64,6 +64,8 @@ pub enum Answer {
     Messages,
     /// The engine's error answer to a translated Messages call, in Anthropic's error shape.
     MessagesError(http::StatusCode),
+    /// A Messages answer from an upstream that speaks Messages itself, as it came.
+    MessagesAsSent,
 }
 
 impl Answer {
@@ -71,7 +73,9 @@ impl Answer {
     pub fn dialect(self) -> crate::route::Dialect {
         match self {
             Self::AsSent => crate::route::Dialect::OpenAi,
-            Self::Messages | Self::MessagesError(_) => crate::route::Dialect::Anthropic,
+            Self::Messages | Self::MessagesError(_) | Self::MessagesAsSent => {
+                crate::route::Dialect::Anthropic
+            }
         }
     }
 }
@@ -117,7 +121,8 @@ impl Capture {
     /// Whether the response may reach the agent changed: then the upstream's `Content-Length`
     /// no longer holds and must not be forwarded.
     pub fn rewrites_response(&self) -> bool {
-        !self.injected.is_empty() || self.answer != Answer::AsSent
+        !self.injected.is_empty()
+            || matches!(self.answer, Answer::Messages | Answer::MessagesError(_))
     }
 
     /// Starts reading the response; `is_sse` from its `Content-Type` (`text/event-stream`),
@@ -129,7 +134,7 @@ impl Capture {
             Mode::Body(BytesMut::new())
         };
         let translation = match self.answer {
-            Answer::AsSent => None,
+            Answer::AsSent | Answer::MessagesAsSent => None,
             Answer::Messages => Some(Translation::Messages(
                 crate::anthropic::stream::StreamTranslator::new(),
             )),

@@ -64,7 +64,8 @@ pub fn inject(kind: UpstreamKind, endpoint: Endpoint, body: &mut Value) -> Injec
     // the sampled tokens alone, so the call is recorded as text.
     let echo = request.get("echo") == Some(&Value::Bool(true));
     let (ids_possible, unasked) = match (kind, endpoint) {
-        (UpstreamKind::Openai, _) | (_, Endpoint::Responses) => return Injected::default(),
+        (UpstreamKind::Openai | UpstreamKind::Anthropic, _)
+        | (_, Endpoint::Responses | Endpoint::Messages) => return Injected::default(),
         (_, Endpoint::Completions) if echo => return Injected::default(),
         (UpstreamKind::Vllm, _) => (true, Unasked::Null),
         (UpstreamKind::Sglang, _) => (!streaming, Unasked::Absent),

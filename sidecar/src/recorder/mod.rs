@@ -150,6 +150,8 @@ struct Live {
     in_flight: u32,
     /// A completion asked for while calls were in flight; runs when the last one is recorded.
     complete_after: Option<CompletionReason>,
+    /// Its calls are recorded and never trained on (a Claw-R1 validation rollout).
+    evaluation_only: bool,
 }
 
 #[derive(Debug, Default)]
@@ -263,7 +265,8 @@ impl Recorder {
         body: &Value,
         traceparent: Option<String>,
     ) -> Call {
-        let history = request::messages(endpoint, body);
+        let recorded = request::recorded(endpoint, body);
+        let history = request::messages(endpoint, &recorded);
         // A call that names no session may continue one by its history. Hashing happens before
         // any lock is taken.
         let stitched = match (&hints.session, &hints.continues) {
@@ -277,7 +280,7 @@ impl Recorder {
             }
         };
         let unredacted = (!self.redactor.is_empty()).then(|| history.clone());
-        let mut request = request::step_request(history, body);
+        let mut request = request::step_request(history, &recorded);
         let redacted = self.redactor.request(&mut request);
         let history = unredacted.as_deref().unwrap_or(&request.messages);
         let mut sessions = self.sessions();
@@ -300,7 +303,9 @@ impl Recorder {
             None => self.open(&mut sessions, &tenant, hints, MetadataOrigin::Agent(body)),
         };
         let mut next_state = None;
+        let mut evaluation_only = false;
         if let Some(live) = sessions.live.get_mut(&trajectory) {
+            evaluation_only = live.evaluation_only;
             live.last_seen = Instant::now();
             live.in_flight += 1;
             if let Some(step) = live.last_step {
@@ -346,7 +351,7 @@ impl Recorder {
             endpoint,
             request,
             unredacted,
-            trainable: !hints.side_turn,
+            trainable: !hints.side_turn && !evaluation_only,
             done: hints.done,
             started_at: UnixMs::now(),
             traceparent,
@@ -415,6 +420,7 @@ impl Recorder {
                 last_seen: Instant::now(),
                 in_flight: 0,
                 complete_after: None,
+                evaluation_only: false,
             },
         );
         self.metrics.trajectories_started.inc();
@@ -473,6 +479,13 @@ impl Recorder {
             ..Hints::default()
         };
         self.open(&mut sessions, tenant, &hints, MetadataOrigin::Agent(body))
+    }
+
+    /// Marks live `trajectory` as one whose calls are recorded and never trained on.
+    pub fn evaluation_only(&self, trajectory: TrajectoryId) {
+        if let Some(live) = self.sessions().live.get_mut(&trajectory) {
+            live.evaluation_only = true;
+        }
     }
 
     /// Records the step of a call whose response was read to its end.

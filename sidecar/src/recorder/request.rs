@@ -13,19 +13,31 @@ pub fn endpoint(route: route::Endpoint) -> Option<Endpoint> {
         route::Endpoint::ChatCompletions => Some(Endpoint::ChatCompletions),
         route::Endpoint::Completions => Some(Endpoint::Completions),
         route::Endpoint::Responses => Some(Endpoint::Responses),
+        // Reaches here only towards an upstream that speaks Messages; otherwise the call was
+        // translated to chat first.
+        route::Endpoint::Messages => Some(Endpoint::Messages),
         // A Messages call is recorded as the chat call it is translated to.
-        route::Endpoint::Messages
-        | route::Endpoint::CountTokens
+        route::Endpoint::CountTokens
         | route::Endpoint::StoredResponse
         | route::Endpoint::Models
         | route::Endpoint::Other => None,
     }
 }
 
-/// The conversation of a request, as a list of messages or items.
+/// The request as its step records it: a Messages request as the chat request it stands for
+/// (what the trainer renders), anything else as it came.
+pub fn recorded(endpoint: Endpoint, body: &Value) -> std::borrow::Cow<'_, Value> {
+    match endpoint {
+        Endpoint::Messages => {
+            std::borrow::Cow::Owned(crate::anthropic::request::to_chat(body).unwrap_or_default())
+        }
+        _ => std::borrow::Cow::Borrowed(body),
+    }
+}
+
+/// The conversation of a request (its [`recorded`] view), as a list of messages or items.
 pub fn messages(endpoint: Endpoint, body: &Value) -> Vec<Value> {
     match endpoint {
-        Endpoint::ChatCompletions => body["messages"].as_array().cloned().unwrap_or_default(),
         Endpoint::Responses => {
             let mut items = Vec::new();
             if let Some(instructions) = body["instructions"].as_str() {
@@ -37,6 +49,10 @@ pub fn messages(endpoint: Endpoint, body: &Value) -> Vec<Value> {
                 _ => {}
             }
             items
+        }
+        // A Messages request's [`recorded`] view is chat.
+        Endpoint::ChatCompletions | Endpoint::Messages => {
+            body["messages"].as_array().cloned().unwrap_or_default()
         }
         Endpoint::Completions => match &body["prompt"] {
             Value::Null => Vec::new(),

@@ -7,7 +7,7 @@ take turns until it stops calling tools, then POST {base_url}/complete_trajector
 reward. Prints `ok <trajectory_uid>`; any mismatch raises.
 
 Environment: CLAW_GATEWAY (the sidecar's root URL), CLAW_TASK (the prompt_uid), CLAW_REWARD,
-OPENAI_API_KEY.
+CLAW_CHANNEL (`train`, or `val` for a validation rollout; default `train`), OPENAI_API_KEY.
 """
 import json
 import os
@@ -43,6 +43,7 @@ def post(url, body=None):
         return json.loads(answer.read())
 
 
+channel = os.environ.get("CLAW_CHANNEL", "train")
 data = post(f"{gateway}/init_trajectory")
 uid = data["trajectory_uid"]
 # base_url is http://host:port/{uid}/{default_prompt_uid}/v1: put the task's id in.
@@ -50,7 +51,7 @@ parts = data["base_url"].rsplit("/", 2)
 assert parts[2] == "v1", data
 base_url = f"{parts[0]}/{task}/v1"
 registered = post(f"{base_url}/register_trajectory",
-                  {"channel": "train",
+                  {"channel": channel,
                    "metadata": {"data_source": "gsm8k", "reward_model": {"ground_truth": "72"}}})
 assert registered == {"status": "ok"}, registered
 
@@ -70,7 +71,7 @@ for _ in range(3):
         messages.append({"role": "tool", "tool_call_id": call.id, "content": "Correct! Your answer is right."})
 assert turns == 2, turns
 
-done = post(f"{base_url}/complete_trajectory", {"reward": reward, "channel": "train"})
+done = post(f"{base_url}/complete_trajectory", {"reward": reward, "channel": channel})
 assert done == {"status": "ok"}, done
 
 print(f"ok {uid}")

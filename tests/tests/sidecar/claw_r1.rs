@@ -38,11 +38,17 @@ fn config(engine: &MockUpstream, enabled: bool) -> Config {
 
 /// One rollout of `task` by the Claw-R1-shaped flow; its trajectory uid.
 async fn rollout(sidecar: &Sidecar, task: &str, reward: f64) -> String {
+    rollout_on(sidecar, task, reward, "train").await
+}
+
+/// One rollout on Claw-R1's `channel` (`train` or `val`).
+async fn rollout_on(sidecar: &Sidecar, task: &str, reward: f64, channel: &str) -> String {
     let mut command = Command::new(python());
     command
         .arg(repo_root().join("tests/sdk/python/claw_r1_flow.py"))
         .env("CLAW_GATEWAY", sidecar.url(""))
         .env("CLAW_TASK", task)
+        .env("CLAW_CHANNEL", channel)
         .env("CLAW_REWARD", reward.to_string())
         .env("OPENAI_API_KEY", KEY_A);
     let output = tokio::task::spawn_blocking(move || command.output())
@@ -118,6 +124,37 @@ async fn a_claw_r1_gsm8k_flow_runs_unchanged_and_its_group_becomes_ready_with_re
     }
     rewards.sort_by(f64::total_cmp);
     assert_eq!(rewards, vec![0.0, 1.0]);
+}
+
+#[tokio::test]
+async fn a_validation_rollout_is_recorded_and_never_trained_on() {
+    let engine = MockUpstream::start().await;
+    let sidecar = Sidecar::start(config(&engine, true)).await;
+    let uid = rollout_on(&sidecar, "gsm8k-val-3", 1.0, "val").await;
+    let store = store(&sidecar);
+    let tenant = TenantId::new("math").unwrap();
+    let record = poll("the validation rollout's steps", || {
+        let store = std::sync::Arc::clone(&store);
+        let tenant = tenant.clone();
+        let uid = uid.clone();
+        async move {
+            for header in store.list_trajectories(&tenant, None, 10).await.ok()? {
+                if header.metadata.get("session") == Some(&json!(uid)) {
+                    let record = store.trajectory(&tenant, &header.id).await.ok()??;
+                    if record.steps.len() == 2 {
+                        return Some(record);
+                    }
+                }
+            }
+            None
+        }
+    })
+    .await;
+    assert!(
+        record.steps.iter().all(|s| !s.trainable),
+        "a `val` rollout was handed to training"
+    );
+    assert_eq!(record.trajectory.metadata["agent"]["channel"], "val");
 }
 
 #[tokio::test]

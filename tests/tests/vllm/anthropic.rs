@@ -267,3 +267,95 @@ async fn the_typescript_sdk_streams_tool_use_from_vllm_through_the_sidecar() {
         );
     }
 }
+
+/// Towards an upstream that speaks Messages itself (kind `anthropic`; here vLLM's own
+/// `/v1/messages`, the one such server this machine can run) the call passes through unchanged
+/// and is recorded text-only, as the chat messages it stands for.
+#[tokio::test(flavor = "multi_thread")]
+async fn towards_an_anthropic_upstream_messages_pass_through_and_are_recorded_as_text() {
+    let mut config = test_config(&[vllm::shared().url.clone()]);
+    config.upstream_kind = UpstreamKind::Anthropic;
+    let sidecar = Sidecar::start(config).await;
+    let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client");
+    let request = |stream: bool, session: &str| {
+        json!({"model": MODEL, "max_tokens": 12, "temperature": 0, "stream": stream,
+               "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+               "metadata": {"session_id": session},
+               "messages": [{"role": "user", "content": "Tell me a story"}]})
+    };
+    for (stream, session) in [(false, "passthrough-plain"), (true, "passthrough-stream")] {
+        let send = |url: String| {
+            let client = client.clone();
+            let body = request(stream, session);
+            async move {
+                let response = client
+                    .post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("an answer");
+                assert_eq!(response.status(), 200);
+                response.text().await.expect("a body")
+            }
+        };
+        let direct = send(format!("{}/v1/messages", vllm::shared().url)).await;
+        let through = send(sidecar.url("/v1/messages")).await;
+        let ids = |text: &str| super::without_ids(text);
+        if !stream {
+            // A whole body passes byte for byte (ids aside); a stream's chunking may differ.
+            assert_eq!(ids(&through), ids(&direct));
+        }
+        let text = |body: &str| -> String {
+            if stream {
+                body.lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                    .filter_map(|e| e["delta"]["text"].as_str().map(str::to_owned))
+                    .collect()
+            } else {
+                let message: Value = serde_json::from_str(body).expect("JSON");
+                message["content"][0]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            }
+        };
+        assert_eq!(text(&through), text(&direct));
+        let tenant = TenantId::new("default").expect("tenant");
+        let mut step = None;
+        for _ in 0..200 {
+            for header in store
+                .list_trajectories(&tenant, None, 100)
+                .await
+                .unwrap_or_default()
+            {
+                if header.metadata.get("session") == Some(&json!(session)) {
+                    if let Ok(Some(record)) = store.trajectory(&tenant, &header.id).await {
+                        step = record.steps.into_iter().next();
+                    }
+                }
+            }
+            if step.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let step = step.unwrap_or_else(|| panic!("{session}: no step"));
+        assert_eq!(step.endpoint, clawback_datapool::Endpoint::Messages);
+        assert_eq!(step.capture, Some(clawback_datapool::Capture::Text));
+        assert!(matches!(step.tokens, Tokens::None));
+        assert_eq!(
+            step.request.messages,
+            vec![
+                json!({"role": "system", "content": "Be brief."}),
+                json!({"role": "user", "content": "Tell me a story"})
+            ]
+        );
+        assert_eq!(step.output.content.unwrap_or_default(), text(&direct));
+        assert_eq!(step.finish_reason.as_deref(), Some("length"), "{session}");
+    }
+}

@@ -50,7 +50,7 @@ async fn raw(base: &str, request: &Value, session: Option<&str>) -> String {
 
 /// Two answers to the same request differ only in their ids (request, item, tool call) and
 /// creation times.
-fn without_ids(text: &str) -> String {
+pub(crate) fn without_ids(text: &str) -> String {
     let mut out = text.to_owned();
     for (key, end) in [
         ("\"id\":\"", '"'),
