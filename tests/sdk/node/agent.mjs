@@ -51,6 +51,13 @@ const response = await client.responses.create({ model: "mock-llama", input: "We
 assert.ok(response.output_text.startsWith("The weather"));
 console.log("ok responses");
 
+// Only the new item and the previous response's id: the sidecar keeps the conversation.
+const followUp = await client.responses.create({
+  model: "mock-llama", previous_response_id: response.id, input: "And tomorrow?",
+});
+assert.ok(followUp.output_text.length > 0);
+console.log("ok previous_response_id");
+
 const events = [];
 const responseStream = await client.responses.create({
   model: "mock-llama", input: messages, stream: true,

@@ -54,6 +54,12 @@ response = client.responses.create(model="mock-llama", input="Weather in Paris?"
 assert response.output_text.startswith("The weather"), response
 print("ok responses")
 
+# Only the new item and the previous response's id: the sidecar keeps the conversation.
+follow_up = client.responses.create(model="mock-llama", previous_response_id=response.id,
+                                    input="And tomorrow?")
+assert follow_up.output_text, follow_up
+print("ok previous_response_id")
+
 events = list(client.responses.create(model="mock-llama", input=MESSAGES, tools=[{
     "type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"],
 }], stream=True))

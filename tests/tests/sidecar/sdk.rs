@@ -34,6 +34,7 @@ async fn run_client(mut command: Command, what: &str) {
         "chat_stream_tools",
         "completions",
         "responses",
+        "previous_response_id",
         "responses_stream",
         "models",
     ] {
@@ -42,6 +43,21 @@ async fn run_client(mut command: Command, what: &str) {
             "{what} skipped {case}:\n{stdout}"
         );
     }
+    // The follow-up reached the engine as the whole conversation, without the id.
+    let follow_up = sidecar_engine
+        .received()
+        .into_iter()
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+        .find(|body| body.to_string().contains("And tomorrow?"))
+        .expect("the follow-up reached the engine");
+    assert!(
+        follow_up.get("previous_response_id").is_none(),
+        "{follow_up}"
+    );
+    assert!(
+        follow_up["input"].to_string().contains("Weather in Paris?"),
+        "{follow_up}"
+    );
     // Every call went through the sidecar to the engine.
     assert!(sidecar_engine.request_count() >= 6);
     assert!(sidecar_engine
