@@ -102,11 +102,10 @@ impl App {
     /// Opens the datapool (when recording) and starts the background tasks.
     pub async fn new(config: Config) -> Result<Arc<Self>, AppError> {
         let metrics = Arc::new(Metrics::new());
-        let pool = Arc::new(Pool::new(
-            &config.upstreams,
-            config.balancer,
-            config.health.clone(),
-        )?);
+        let pool = Arc::new(
+            Pool::new(&config.upstreams, config.balancer, config.health.clone())?
+                .with_affinity(config.affinity),
+        );
         let tasks = TaskTracker::new();
         let forwarder = Arc::new(Forwarder::new(
             Arc::clone(&pool),

@@ -68,6 +68,7 @@ pub struct Config {
     /// When unset, the client's header is passed through.
     pub upstream_api_key: Option<String>,
     pub balancer: BalancerKind,
+    pub affinity: Affinity,
     /// Redis (`redis://`, `rediss://`, AUTH in the URL) for recorded trajectories. Unset: the
     /// embedded SQLite store in `data_dir`.
     pub redis: Option<String>,
@@ -249,6 +250,17 @@ pub struct Limits {
     pub retry_after_secs: u32,
 }
 
+/// Session affinity: the calls of one trajectory go to the same upstream while it is healthy and
+/// not overloaded, so the engine's prefix cache holds the conversation so far.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Affinity {
+    pub enabled: bool,
+    /// An upstream takes a session's call while its calls in flight stay within this many times
+    /// the pool's average (consistent hashing with bounded loads); past it, the balancer picks.
+    pub load_factor: f64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Health {
@@ -275,6 +287,10 @@ impl Default for Config {
             upstream_kind: UpstreamKind::Vllm,
             upstream_api_key: None,
             balancer: BalancerKind::PowerOfTwoChoices,
+            affinity: Affinity {
+                enabled: true,
+                load_factor: 1.25,
+            },
             redis: None,
             redis_cluster: false,
             data_dir: PathBuf::from("clawback-data"),
@@ -379,6 +395,7 @@ const ENV_KEYS: &[&str] = &[
     "upstream_kind",
     "upstream_api_key",
     "balancer",
+    "affinity",
     "redis",
     "redis_cluster",
     "data_dir",
@@ -600,6 +617,7 @@ mod tests {
         }
         match value {
             Value::Bool(tag, b) => Value::Bool(*tag, !b),
+            Value::Num(tag, Num::F64(f)) => Value::Num(*tag, Num::F64(f + 1.0)),
             Value::Num(tag, n) => Value::Num(*tag, Num::from(n.to_u128().unwrap_or(0) as u64 + 1)),
             Value::String(_, s) => match humantime::parse_duration(s) {
                 Ok(d) => {
@@ -636,6 +654,7 @@ mod tests {
                 format!("[{}]", items.join(", "))
             }
             Value::Bool(_, b) => b.to_string(),
+            Value::Num(_, figment::value::Num::F64(f)) => format!("{f:?}"),
             Value::Num(_, n) => n
                 .to_u128()
                 .map_or_else(|| format!("{n:?}"), |n| n.to_string()),

@@ -155,7 +155,11 @@ impl Forwarder {
         recording: Option<Pending>,
         answer: Answer,
     ) -> Result<(Response<ProxyBody>, Relay<Incoming>), ProxyError> {
-        let result = self.send(parts, body, upstream_path).await;
+        // A recorded call's trajectory is its session: its calls go where its prefix is cached.
+        let affinity = recording
+            .as_ref()
+            .map(|pending| pending.call.trajectory.as_uuid().as_u128());
+        let result = self.send(parts, body, upstream_path, affinity).await;
         match result {
             Ok((response, in_flight, timing)) => {
                 let status = response.status();
@@ -204,10 +208,11 @@ impl Forwarder {
         parts: &request::Parts,
         body: Bytes,
         upstream_path: &str,
+        affinity: Option<u128>,
     ) -> Result<(Response<Incoming>, InFlight, UpstreamTiming), ProxyError> {
         let mut tried: Vec<Arc<str>> = Vec::new();
         loop {
-            let Some(in_flight) = self.pool.pick(&tried) else {
+            let Some(in_flight) = self.pool.pick_for(&tried, affinity) else {
                 return Err(if tried.is_empty() {
                     ProxyError::NoHealthyUpstream {
                         count: self.pool.all().len(),

@@ -165,6 +165,8 @@ pub enum HealthChange {
 pub struct Pool {
     upstreams: Vec<Arc<Upstream>>,
     balancer: BalancerKind,
+    /// Session affinity's load bound ([`crate::config::Affinity`]); `None`: off.
+    affinity_load: Option<f64>,
     health: Health,
     epoch: Instant,
 }
@@ -192,9 +194,16 @@ impl Pool {
         Ok(Self {
             upstreams,
             balancer,
+            affinity_load: None,
             health,
             epoch: Instant::now(),
         })
+    }
+
+    /// Turns session affinity on, bounded at `load_factor` times the average load.
+    pub fn with_affinity(mut self, affinity: crate::config::Affinity) -> Self {
+        self.affinity_load = affinity.enabled.then_some(affinity.load_factor.max(1.0));
+        self
     }
 
     pub fn all(&self) -> &[Arc<Upstream>] {
@@ -219,6 +228,14 @@ impl Pool {
     /// Picks a healthy upstream not in `exclude` and marks a request in flight on it; with none
     /// healthy, one ejected for failed answers (panic mode, see the module docs).
     pub fn pick(&self, exclude: &[Arc<str>]) -> Option<InFlight> {
+        self.pick_for(exclude, None)
+    }
+
+    /// Picks an upstream for a call of session `key` (its trajectory): with affinity on, the one
+    /// the key hashes to first (rendezvous hashing: a session moves only when its upstream
+    /// leaves) among those whose calls in flight stay within the load bound — Mirrokni et al.'s
+    /// consistent hashing with bounded loads — else what the balancer picks.
+    pub fn pick_for(&self, exclude: &[Arc<str>], key: Option<u128>) -> Option<InFlight> {
         let eligible = |u: &&Arc<Upstream>| !exclude.contains(&u.name);
         let mut candidates: Vec<&Arc<Upstream>> = self
             .upstreams
@@ -234,10 +251,17 @@ impl Pool {
                 .filter(|u| !u.refused.load(Ordering::Relaxed))
                 .collect();
         }
-        let chosen = match (self.balancer, candidates.len()) {
-            (_, 0) => return None,
-            (_, 1) => candidates[0],
-            (BalancerKind::PowerOfTwoChoices, n) => {
+        let affine = match (self.affinity_load, key) {
+            (Some(load_factor), Some(key)) if candidates.len() > 1 => {
+                bounded_rendezvous(&candidates, key, load_factor)
+            }
+            _ => None,
+        };
+        let chosen = match (affine, self.balancer, candidates.len()) {
+            (_, _, 0) => return None,
+            (Some(upstream), _, _) => upstream,
+            (None, _, 1) => candidates[0],
+            (None, BalancerKind::PowerOfTwoChoices, n) => {
                 let mut rng = rand::rng();
                 let a = rng.random_range(0..n);
                 let b = (a + rng.random_range(1..n)) % n;
@@ -247,7 +271,7 @@ impl Pool {
                     candidates[a]
                 }
             }
-            (BalancerKind::LeastOutstanding, _) => candidates
+            (None, BalancerKind::LeastOutstanding, _) => candidates
                 .iter()
                 .min_by_key(|u| u.in_flight())
                 .copied()
@@ -293,6 +317,94 @@ impl Pool {
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The first of `candidates` in `key`'s rendezvous order whose calls in flight, with this one,
+/// stay within `load_factor` times the average (rounded up); `None` when none does.
+fn bounded_rendezvous<'a>(
+    candidates: &[&'a Arc<Upstream>],
+    key: u128,
+    load_factor: f64,
+) -> Option<&'a Arc<Upstream>> {
+    let total: usize = candidates.iter().map(|u| u.in_flight()).sum::<usize>() + 1;
+    let bound = (load_factor * total as f64 / candidates.len() as f64).ceil() as usize;
+    let weight = |upstream: &Upstream| {
+        let mut hasher = xxhash_rust::xxh3::Xxh3Default::new();
+        hasher.update(&key.to_le_bytes());
+        hasher.update(upstream.name.as_bytes());
+        hasher.digest()
+    };
+    let mut ordered: Vec<(u64, &'a Arc<Upstream>)> =
+        candidates.iter().map(|u| (weight(u), *u)).collect();
+    ordered.sort_unstable_by_key(|(weight, _)| std::cmp::Reverse(*weight));
+    ordered
+        .into_iter()
+        .map(|(_, upstream)| upstream)
+        .find(|upstream| upstream.in_flight() < bound)
+}
+
+#[cfg(test)]
+mod affinity_tests {
+    use super::*;
+    use crate::config::Affinity;
+
+    fn pool(n: usize) -> Pool {
+        let urls: Vec<String> = (0..n).map(|i| format!("http://10.0.0.{i}:8000")).collect();
+        Pool::new(
+            &urls,
+            BalancerKind::PowerOfTwoChoices,
+            Health {
+                eject_after_5xx: 3,
+                ejection: std::time::Duration::from_secs(30),
+            },
+        )
+        .unwrap()
+        .with_affinity(Affinity {
+            enabled: true,
+            load_factor: 1.25,
+        })
+    }
+
+    #[test]
+    fn a_sessions_calls_go_to_one_upstream_and_sessions_spread_over_all() {
+        let pool = pool(4);
+        let mut used = std::collections::HashSet::new();
+        for key in 0..64u128 {
+            let first = pool
+                .pick_for(&[], Some(key))
+                .unwrap()
+                .upstream()
+                .name
+                .clone();
+            for _ in 0..5 {
+                let again = pool.pick_for(&[], Some(key)).unwrap();
+                assert_eq!(again.upstream().name, first, "session {key} moved");
+            }
+            used.insert(first);
+        }
+        assert_eq!(used.len(), 4, "sessions do not spread: {used:?}");
+    }
+
+    #[test]
+    fn a_loaded_upstream_spills_and_a_gone_one_moves_only_its_sessions() {
+        let pool = pool(2);
+        let home = pool.pick_for(&[], Some(7)).unwrap().upstream().name.clone();
+        // Calls of the session held in flight: past 1.25 × the average the next one spills.
+        let held: Vec<InFlight> = (0..4)
+            .map(|_| pool.pick_for(&[], Some(7)).unwrap())
+            .collect();
+        let homes = held.iter().filter(|f| f.upstream().name == home).count();
+        assert!(
+            homes < 4,
+            "the bound did not hold: {homes} of 4 on one upstream"
+        );
+        drop(held);
+        // Excluded (a failed connect), the session goes elsewhere and comes back after.
+        let other = pool.pick_for(std::slice::from_ref(&home), Some(7)).unwrap();
+        assert_ne!(other.upstream().name, home);
+        drop(other);
+        assert_eq!(pool.pick_for(&[], Some(7)).unwrap().upstream().name, home);
+    }
 }
 
 #[cfg(test)]

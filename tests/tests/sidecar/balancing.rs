@@ -89,7 +89,9 @@ async fn a_request_an_engine_may_have_started_is_never_replayed() {
     });
     let healthy = MockUpstream::start().await;
     let mut config = test_config(&[half_dead_url, healthy.url()]);
+    // Least outstanding without affinity: the first (half-dead) engine is picked for sure.
     config.balancer = BalancerKind::LeastOutstanding;
+    config.affinity.enabled = false;
     let sidecar = Sidecar::start(config).await;
 
     let response = post_chat(&sidecar, false).await;
@@ -166,4 +168,55 @@ async fn concurrent_load_spreads_over_healthy_engines() {
     let (a, b) = (a.request_count(), b.request_count());
     assert_eq!(a + b, 40);
     assert!(a >= 10 && b >= 10, "unbalanced: {a} vs {b}");
+}
+
+/// Runs `sessions` three-turn conversations (no session ids: stitched) through a sidecar in front
+/// of two engines; the share of follow-up turns that reached the engine which served the turn
+/// before (whose prefix cache holds the conversation so far).
+async fn same_engine_share(affinity: bool, sessions: usize) -> f64 {
+    let engines = [MockUpstream::start().await, MockUpstream::start().await];
+    let mut config = test_config(&[engines[0].url(), engines[1].url()]);
+    config.affinity.enabled = affinity;
+    let sidecar = Sidecar::start(config).await;
+    let mut follow_ups = 0;
+    let mut same = 0;
+    for session in 0..sessions {
+        let mut messages =
+            vec![serde_json::json!({"role": "user", "content": format!("task {session}")})];
+        let mut last_engine = None;
+        for turn in 0..3 {
+            let before = [engines[0].request_count(), engines[1].request_count()];
+            let reply: serde_json::Value = client()
+                .post(sidecar.url("/v1/chat/completions"))
+                .json(&serde_json::json!({"model": "mock-llama", "messages": messages}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let engine = usize::from(engines[1].request_count() > before[1]);
+            if let Some(last) = last_engine {
+                follow_ups += 1;
+                same += usize::from(last == engine);
+            }
+            last_engine = Some(engine);
+            messages.push(reply["choices"][0]["message"].clone());
+            messages
+                .push(serde_json::json!({"role": "user", "content": format!("and then {turn}?")}));
+        }
+    }
+    same as f64 / follow_ups as f64
+}
+
+#[tokio::test]
+async fn a_sessions_turns_stay_on_the_engine_that_holds_its_prefix() {
+    let affine = same_engine_share(true, 12).await;
+    let balanced = same_engine_share(false, 12).await;
+    println!(
+        "follow-up turns on the engine of the turn before: affinity {:.0} %, power of two choices {:.0} %",
+        affine * 100.0,
+        balanced * 100.0
+    );
+    assert_eq!(affine, 1.0, "a session moved between healthy, idle engines");
 }
