@@ -119,6 +119,38 @@ pub fn sdk_python() -> PathBuf {
         })
 }
 
+/// Runs an agent script (an official SDK as the client) to its end; its stdout. Panics with its
+/// output when it fails, or when it did not print `ok <case>` for each of `cases` (what the
+/// scripts print per check).
+pub async fn run_client(mut command: std::process::Command, what: &str, cases: &[&str]) -> String {
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("joined")
+        .unwrap_or_else(|e| panic!("{what} did not start ({e}); run scripts/test"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for case in cases {
+        assert!(
+            stdout.contains(&format!("ok {case}")),
+            "{what} skipped {case}:\n{stdout}"
+        );
+    }
+    stdout
+}
+
+/// The JSON a script printed on its `{prefix} ` line.
+pub fn printed_json(stdout: &str, prefix: &str) -> serde_json::Value {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix)?.strip_prefix(' '))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{stdout}"))
+}
+
 /// The folder whose `node_modules` has the official Node SDKs (`scripts/test` runs `npm ci`
 /// there; `CLAWBACK_SDK_NODE_DIR` overrides).
 pub fn sdk_node_dir() -> PathBuf {

@@ -11,7 +11,7 @@ use clawback_datapool::{
 };
 use clawback_sidecar::config::Config;
 use clawback_sidecar::tenant::key_hash;
-use clawback_tests::harness::{repo_root, sdk_python as python, test_config, Sidecar};
+use clawback_tests::harness::{repo_root, run_client, sdk_python as python, test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use serde_json::{json, Value};
 
@@ -51,16 +51,7 @@ async fn rollout_on(sidecar: &Sidecar, task: &str, reward: f64, channel: &str) -
         .env("CLAW_CHANNEL", channel)
         .env("CLAW_REWARD", reward.to_string())
         .env("OPENAI_API_KEY", KEY_A);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("python did not start ({e}): run scripts/test"));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "the flow failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = run_client(command, "the Claw-R1 flow", &[]).await;
     stdout
         .lines()
         .find_map(|l| l.strip_prefix("ok "))

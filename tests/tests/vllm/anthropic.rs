@@ -10,7 +10,9 @@ use std::time::Duration;
 use clawback_datapool::{Store, TenantId, Tokens, TrajectoryRecord};
 use clawback_sidecar::config::UpstreamKind;
 use clawback_sidecar::tenant::key_hash;
-use clawback_tests::harness::{repo_root, sdk_node_dir, sdk_python, test_config, Sidecar};
+use clawback_tests::harness::{
+    printed_json, repo_root, run_client, sdk_node_dir, sdk_python, test_config, Sidecar,
+};
 use clawback_tests::vllm::{self, MODEL};
 use serde_json::{json, Value};
 
@@ -27,23 +29,13 @@ async fn sidecar() -> Sidecar {
     Sidecar::start(config).await
 }
 
-/// Runs an SDK script against `sidecar`; its stdout.
-async fn run(mut command: Command, sidecar: &Sidecar, what: &str) -> String {
+/// Runs an SDK script against `sidecar`; its stdout, once it printed `ok` for `cases`.
+async fn run(mut command: Command, sidecar: &Sidecar, what: &str, cases: &[&str]) -> String {
     command
         .env("ANTHROPIC_BASE_URL", sidecar.url(""))
         .env("ANTHROPIC_API_KEY", KEY)
         .env("CLAWBACK_MODEL", MODEL);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("joined")
-        .unwrap_or_else(|e| panic!("{what} did not start ({e}); run scripts/test"));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{what} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    run_client(command, what, cases).await
 }
 
 /// The trajectories of tenant `coder` once `count` steps are recorded in all.
@@ -80,8 +72,7 @@ async fn the_python_sdk_is_served_by_vllm_and_its_tool_session_is_one_trajectory
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
     let mut command = Command::new(sdk_python());
     command.arg(repo_root().join("tests/sdk/python/anthropic_agent.py"));
-    let stdout = run(command, &sidecar, "the Anthropic Python SDK").await;
-    for case in [
+    let cases = [
         "message",
         "stream_tool_use",
         "tool_session",
@@ -89,17 +80,9 @@ async fn the_python_sdk_is_served_by_vllm_and_its_tool_session_is_one_trajectory
         "engine_error",
         "sidecar_error",
         "unknown_key",
-    ] {
-        assert!(
-            stdout.contains(&format!("ok {case}")),
-            "skipped {case}:\n{stdout}"
-        );
-    }
-    let session: Value = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("session "))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no session line in {stdout}"));
+    ];
+    let stdout = run(command, &sidecar, "the Anthropic Python SDK", &cases).await;
+    let session = printed_json(&stdout, "session");
 
     // A message, a streamed tool call and the three-turn session: five steps, and count_tokens
     // and the refused calls none.
@@ -259,13 +242,8 @@ async fn the_typescript_sdk_streams_tool_use_from_vllm_through_the_sidecar() {
     command
         .arg(dir.join("anthropic_agent.mjs"))
         .current_dir(&dir);
-    let stdout = run(command, &sidecar, "the Anthropic TypeScript SDK").await;
-    for case in ["message", "stream_tool_use", "engine_error"] {
-        assert!(
-            stdout.contains(&format!("ok {case}")),
-            "skipped {case}:\n{stdout}"
-        );
-    }
+    let cases = ["message", "stream_tool_use", "engine_error"];
+    run(command, &sidecar, "the Anthropic TypeScript SDK", &cases).await;
 }
 
 /// Towards an upstream that speaks Messages itself (kind `anthropic`; here vLLM's own

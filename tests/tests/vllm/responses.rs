@@ -11,9 +11,11 @@ use std::time::Duration;
 use clawback_datapool::{Store, TenantId, TrajectoryRecord};
 use clawback_sidecar::config::UpstreamKind;
 use clawback_sidecar::tenant::key_hash;
-use clawback_tests::harness::{repo_root, sdk_python, test_config, Sidecar};
+use clawback_tests::harness::{
+    printed_json, repo_root, run_client, sdk_python, test_config, Sidecar,
+};
 use clawback_tests::vllm::{self, MODEL};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const KEY: &str = "sk-stateful";
 const OTHER: &str = "sk-someone-else";
@@ -60,31 +62,13 @@ async fn a_previous_response_id_session_is_served_by_vllm_and_recorded_whole_as_
         .env("OPENAI_API_KEY", KEY)
         .env("OTHER_API_KEY", OTHER)
         .env("CLAWBACK_MODEL", MODEL);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("joined")
-        .expect("python runs (scripts/test installs the SDK)");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    for case in [
+    let cases = [
         "previous_response_id",
         "previous_response_id_stream",
         "other_tenant_refused",
-    ] {
-        assert!(
-            stdout.contains(&format!("ok {case}")),
-            "skipped {case}:\n{stdout}"
-        );
-    }
-    let session: Value = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("session "))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .expect("a session line");
+    ];
+    let stdout = run_client(command, "the OpenAI Python SDK", &cases).await;
+    let session = printed_json(&stdout, "session");
 
     let record = one_trajectory(&store, 3).await;
     assert_eq!(record.steps.len(), 3, "the session is one trajectory");
