@@ -179,3 +179,30 @@ async fn engine_and_sidecar_errors_reach_the_client_in_anthropics_shape() {
         assert_eq!(steps, 0, "a call that was not served was recorded");
     }
 }
+
+#[tokio::test]
+async fn with_recording_off_a_message_is_still_translated_both_ways() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.upstream_kind = UpstreamKind::Vllm;
+    config.recording.enabled = false;
+    let sidecar = Sidecar::start(config).await;
+    let response = client()
+        .post(sidecar.url("/v1/messages"))
+        .json(&messages(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let message: Value = response.json().await.unwrap();
+    assert_eq!(message["type"], "message");
+    assert!(message["content"][0]["text"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("The weather")));
+    assert_eq!(engine.received()[0].path, "/v1/chat/completions");
+    let chat: Value = serde_json::from_slice(&engine.received()[0].body).unwrap();
+    assert!(
+        chat.get("return_token_ids").is_none(),
+        "nothing is asked for when nothing is recorded"
+    );
+}
