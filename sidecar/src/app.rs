@@ -90,8 +90,8 @@ pub enum AppError {
     Tenants(#[from] crate::tenant::TenantError),
     #[error(transparent)]
     Store(#[from] crate::store::OpenError),
-    #[error("`recording.redact`: {0}")]
-    Redact(#[from] regex::Error),
+    #[error(transparent)]
+    Recorder(#[from] crate::recorder::StartError),
     #[error(transparent)]
     AgentApi(#[from] crate::layers::agent_api::AgentApiError),
     #[error("filters: {0}")]
@@ -132,6 +132,7 @@ impl App {
                     config.recording.clone(),
                     Arc::clone(store),
                     Arc::clone(&metrics),
+                    &config.data_dir,
                 )?;
                 filters = crate::filters::start(&config, &recorder, &metrics).await?;
                 let stop = background.clone();

@@ -162,7 +162,8 @@ pub struct Recording {
     /// A group whose rollouts have not all completed after this long is released as partial.
     #[serde(with = "humantime_serde")]
     pub group_timeout: Duration,
-    /// Records waiting for the writer; when full, new ones are dropped and counted, never waited on.
+    /// Records waiting for the writer; when full, new ones go to the overflow journal in
+    /// `data_dir` ([`crate::recorder::overflow`]), never waited on.
     pub queue_capacity: usize,
     /// Most steps written to the store in one batch.
     pub batch_max: usize,

@@ -144,6 +144,7 @@ pub struct Metrics {
     pub steps_captured: Family<LevelLabels, Counter>,
     pub capture_findings: Family<FindingLabels, Counter>,
     pub records_dropped: Family<ReasonLabels, Counter>,
+    pub records_spilled: Counter,
     pub recorder_queue: Gauge,
     pub store_errors: Family<StoreErrorLabels, Counter>,
     pub trajectories_started: Counter,
@@ -255,6 +256,12 @@ impl Metrics {
             "Steps the datapool accepted (Redis, its spool, or the embedded store)",
             steps_stored.clone(),
         );
+        let records_spilled = Counter::default();
+        registry.register(
+            "records_spilled",
+            "Recorder writes that found the queue full and went to the overflow journal (none lost)",
+            records_spilled.clone(),
+        );
         let records_dropped = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "records_dropped",
@@ -329,6 +336,7 @@ impl Metrics {
             capture_findings,
             steps_stored,
             records_dropped,
+            records_spilled,
             recorder_queue,
             store_errors,
             trajectories_started,

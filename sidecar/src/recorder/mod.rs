@@ -10,6 +10,7 @@
 //! in memory (a few hundred bytes each) until they complete — by the done header, the handshake
 //! API, or [`Recording::idle_timeout`](crate::config::Recording) without a call.
 
+pub mod overflow;
 pub mod redact;
 pub mod request;
 pub mod throttle;
@@ -136,6 +137,14 @@ impl Pending {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("`recording.redact`: {0}")]
+    Redact(#[from] regex::Error),
+    #[error(transparent)]
+    Overflow(#[from] overflow::OverflowError),
+}
+
 /// A trajectory that may still get calls.
 #[derive(Debug)]
 struct Live {
@@ -167,6 +176,8 @@ pub struct Recorder {
     drop_log: Arc<throttle::LogThrottle>,
     stitcher: Mutex<Stitcher>,
     queue: mpsc::Sender<Message>,
+    /// Where writes go past a full queue ([`overflow`]).
+    overflow: Arc<overflow::Overflow>,
     sessions: Mutex<Sessions>,
     redactor: Redactor,
     metrics: Arc<Metrics>,
@@ -192,11 +203,14 @@ impl Recorder {
         config: Recording,
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
-    ) -> Result<Arc<Self>, regex::Error> {
+        data_dir: &std::path::Path,
+    ) -> Result<Arc<Self>, StartError> {
         let (queue, rx) = mpsc::channel(config.queue_capacity.max(1));
+        let overflow = Arc::new(overflow::Overflow::open(data_dir)?);
         tokio::spawn(writer::run(
             Arc::clone(&store),
             rx,
+            Arc::clone(&overflow),
             config.batch_max.max(1),
             Arc::clone(&metrics),
         ));
@@ -211,6 +225,7 @@ impl Recorder {
             redactor: Redactor::new(&config.redact)?,
             config,
             queue,
+            overflow,
             sessions: Mutex::new(Sessions::default()),
             metrics,
             store,
@@ -244,7 +259,13 @@ impl Recorder {
 
     /// Queues a write without waiting; a full queue drops it (counted).
     fn enqueue(&self, op: WriteOp) {
-        send(&self.queue, &self.metrics, &self.drop_log, op);
+        send(
+            &self.queue,
+            &self.overflow,
+            &self.metrics,
+            &self.drop_log,
+            op,
+        );
     }
 
     /// Queues evaluations (explicit feedback now; the filters' scores later).
@@ -653,15 +674,16 @@ impl Recorder {
             // The completion (which makes the trajectory ready for the trainer) is written
             // after the plugins' evaluations of it, so the trainer finds its rewards with it.
             Some(filters) => {
-                let (queue, metrics, drop_log) = (
+                let (queue, overflow, metrics, drop_log) = (
                     self.queue.clone(),
+                    Arc::clone(&self.overflow),
                     Arc::clone(&self.metrics),
                     Arc::clone(&self.drop_log),
                 );
                 filters.completed(
                     trajectory,
                     reason,
-                    Box::new(move || send(&queue, &metrics, &drop_log, op)),
+                    Box::new(move || send(&queue, &overflow, &metrics, &drop_log, op)),
                 );
             }
             None => self.enqueue(op),
@@ -798,28 +820,44 @@ fn named_group(tenant: &TenantId, name: &str) -> GroupId {
 
 /// Queues a write for the batch writer; a full queue drops it (counted, and logged at most
 /// every few seconds) rather than make a request wait.
+/// Queues `op` for the writer; past a full queue (or while earlier writes wait there) into the
+/// overflow journal, in order. A write is dropped only when the journal cannot be written.
 fn send(
     queue: &mpsc::Sender<Message>,
+    overflow: &overflow::Overflow,
     metrics: &Metrics,
     drop_log: &throttle::LogThrottle,
     op: WriteOp,
 ) {
     let entries = writer::count(&op);
-    match queue.try_send(Message::Write(op)) {
-        Ok(()) => {
-            metrics.recorder_queue.inc_by(entries);
-        }
-        Err(mpsc::error::TrySendError::Full(_)) => {
-            count_drop(metrics, "queue_full");
-            if let Some(count) = drop_log.event() {
-                tracing::error!(
-                    dropped = count,
-                    "the recorder queue is full: writes are being dropped (the datapool is \
-                     slower than the traffic; see clawback_records_dropped_total)"
-                );
+    let op = if overflow.is_spilling() {
+        op
+    } else {
+        match queue.try_send(Message::Write(op)) {
+            Ok(()) => {
+                metrics.recorder_queue.inc_by(entries);
+                return;
+            }
+            Err(mpsc::error::TrySendError::Full(Message::Write(op))) => op,
+            Err(mpsc::error::TrySendError::Full(_)) => return,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                count_drop(metrics, "shutting_down");
+                return;
             }
         }
-        Err(mpsc::error::TrySendError::Closed(_)) => count_drop(metrics, "shutting_down"),
+    };
+    match overflow.spill(&op) {
+        Ok(()) => {
+            metrics.records_spilled.inc_by(entries.unsigned_abs());
+        }
+        Err(e) => {
+            count_drop(metrics, "overflow_failed");
+            if let Some(count) = drop_log.event() {
+                tracing::error!(dropped = count, error = %e,
+                    "the recorder queue is full and its overflow journal cannot be written: \
+                     writes are being dropped (see clawback_records_dropped_total)");
+            }
+        }
     }
 }
 

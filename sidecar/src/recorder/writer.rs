@@ -11,6 +11,7 @@ use std::time::Duration;
 use clawback_datapool::{Store, WriteOp};
 use tokio::sync::{mpsc, oneshot};
 
+use super::overflow::Overflow;
 use super::throttle::LogThrottle;
 use crate::metrics::{Metrics, StoreErrorLabels};
 
@@ -23,11 +24,20 @@ pub enum Message {
 pub async fn run(
     store: Arc<dyn Store>,
     mut queue: mpsc::Receiver<Message>,
+    overflow: Arc<Overflow>,
     batch_max: usize,
     metrics: Arc<Metrics>,
 ) {
     let errors = LogThrottle::new(Duration::from_secs(5));
-    while let Some(first) = queue.recv().await {
+    loop {
+        // The journal's writes are newer than every queued one and older than any queued after
+        // it is taken: it is applied once the queue is empty.
+        if queue.is_empty() && overflow.is_spilling() {
+            drain_overflow(&*store, &overflow, &metrics, &errors).await;
+        }
+        let Some(first) = queue.recv().await else {
+            break;
+        };
         // Take what else is already queued, up to a batch, stopping at a close.
         let mut batch = Batch::default();
         let mut close = None;
@@ -51,8 +61,48 @@ pub async fn run(
             apply(&*store, op, &metrics, &errors).await;
         }
         if let Some(done) = close {
+            drain_overflow(&*store, &overflow, &metrics, &errors).await;
             let _ = done.send(());
             return;
+        }
+    }
+}
+
+async fn drain_overflow(
+    store: &dyn Store,
+    overflow: &Overflow,
+    metrics: &Metrics,
+    errors: &LogThrottle,
+) {
+    match overflow.drain() {
+        Ok((ops, unreadable)) => {
+            if unreadable > 0 {
+                tracing::error!(
+                    unreadable,
+                    "lines of the recorder's overflow journal could not be read (a process killed mid-write)"
+                );
+                for _ in 0..unreadable {
+                    metrics
+                        .records_dropped
+                        .get_or_create(&crate::metrics::ReasonLabels {
+                            reason: "overflow_unreadable",
+                        })
+                        .inc();
+                }
+            }
+            // Regrouped into batches as the queue's writes are, a batch at a time.
+            let mut batch = Batch::default();
+            for op in ops {
+                batch.add(op);
+            }
+            for op in batch.in_order() {
+                apply(store, op, metrics, errors).await;
+            }
+        }
+        Err(e) => {
+            if let Some(count) = errors.event() {
+                tracing::error!(error = %e, failed = count, "the recorder's overflow journal cannot be read");
+            }
         }
     }
 }

@@ -767,3 +767,59 @@ async fn readyz_shows_the_capture_level_and_what_a_trainer_must_know() {
         .unwrap();
     assert!(metrics.contains("clawback_capture_findings_total{finding=\"single_call_task\"} 1"));
 }
+
+#[tokio::test]
+async fn a_full_recorder_queue_spills_to_its_journal_and_loses_no_served_call() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    // A queue of one: nearly every write finds it full.
+    config.recording.queue_capacity = 1;
+    let sidecar = Sidecar::start(config).await;
+    let calls = 200;
+    let mut served = 0;
+    for wave in 0..(calls / 25) {
+        let answers = futures_util::future::join_all((0..25).map(|i| {
+            let url = sidecar.url("/v1/chat/completions");
+            async move {
+                client()
+                    .post(url)
+                    .header("x-clawback-done", "true")
+                    .json(&json!({"model": "mock-llama", "messages": [
+                        {"role": "user", "content": format!("burst {wave}-{i}")}]}))
+                    .send()
+                    .await
+                    .ok()?
+                    .bytes()
+                    .await
+                    .ok()
+            }
+        }))
+        .await;
+        served += answers.iter().filter(|a| a.is_some()).count();
+    }
+    assert_eq!(served, calls);
+    let store = store(&sidecar);
+    let tenant = TenantId::new("default").unwrap();
+    let stored = steps_by_trajectory(&store, &tenant, calls).await;
+    assert_eq!(stored.len(), calls, "one trajectory per call");
+    let metrics = client()
+        .get(sidecar.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(value("clawback_records_dropped_total"), 0.0, "{metrics}");
+    assert!(
+        value("clawback_records_spilled_total") > 0.0,
+        "the queue never filled: the test tested nothing"
+    );
+}
