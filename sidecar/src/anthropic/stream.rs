@@ -33,13 +33,25 @@ pub struct StreamTranslator {
     finish_reason: Option<String>,
     matched_stop: Value,
     ended: bool,
-    /// The open tool call's arguments, while they are held: arguments that do not start as a
-    /// JSON object are sent whole at the block's end, as `{"arguments": "<as written>"}` (what a
-    /// whole message says, [`super::response::tool_input`]), since an SDK parses every
-    /// `partial_json` as the beginning of an object.
-    held_arguments: Option<String>,
-    /// The open tool call's arguments are streamed as they come (they start with `{`).
-    streaming_arguments: bool,
+    /// The open tool call's arguments.
+    arguments: Arguments,
+}
+
+/// A tool call's arguments as they stream. They are held until their first character says
+/// what they are: an object is then streamed as it comes; anything else is sent whole at the
+/// block's end, as `{"arguments": "<as written>"}` (what a whole message says,
+/// [`super::response::tool_input`]), since an SDK parses every `partial_json` as the beginning
+/// of an object.
+#[derive(Debug)]
+enum Arguments {
+    Held(String),
+    Streaming,
+}
+
+impl Default for Arguments {
+    fn default() -> Self {
+        Self::Held(String::new())
+    }
 }
 
 fn event(out: &mut BytesMut, data: &Value) {
@@ -184,21 +196,16 @@ impl StreamTranslator {
         let Some(arguments) = function["arguments"].as_str().filter(|a| !a.is_empty()) else {
             return;
         };
-        if !self.streaming_arguments {
-            let held = self.held_arguments.get_or_insert_with(String::new);
-            held.push_str(arguments);
-            match held.trim_start().chars().next() {
-                None => return,
-                Some('{') => {
-                    self.streaming_arguments = true;
-                    let held = self.held_arguments.take().unwrap_or_default();
-                    self.arguments_delta(&held, out);
-                }
-                Some(_) => {}
-            }
+        let Arguments::Held(held) = &mut self.arguments else {
+            self.arguments_delta(arguments, out);
             return;
+        };
+        held.push_str(arguments);
+        if held.trim_start().starts_with('{') {
+            let held = std::mem::take(held);
+            self.arguments = Arguments::Streaming;
+            self.arguments_delta(&held, out);
         }
-        self.arguments_delta(arguments, out);
     }
 
     fn arguments_delta(&self, partial: &str, out: &mut BytesMut) {
@@ -236,8 +243,7 @@ impl StreamTranslator {
     }
 
     fn close_block(&mut self, out: &mut BytesMut) {
-        self.streaming_arguments = false;
-        if let Some(held) = self.held_arguments.take() {
+        if let Arguments::Held(held) = std::mem::take(&mut self.arguments) {
             if !held.trim().is_empty() {
                 let input = super::response::tool_input(&held).to_string();
                 self.arguments_delta(&input, out);

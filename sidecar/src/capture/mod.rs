@@ -16,8 +16,8 @@
 //!
 //! ```text
 //! let capture = Capture::for_request(kind, endpoint, &mut body_json);   // then serialise, send
-//! if capture.rewrites_response() { response_headers.remove(CONTENT_LENGTH) }
 //! let mut tap = capture.response(is_sse);
+//! if tap.rewrites_response() { response_headers.remove(CONTENT_LENGTH) }
 //! for frame in upstream_body { if let Some(b) = tap.on_frame(&frame).bytes(frame) { send(b) } }
 //! let Finished { tail, assembled } = tap.finish();                     // also after a break
 //! if let Some(tail) = tail { send(tail) }
@@ -118,13 +118,6 @@ impl Capture {
         self.injected
     }
 
-    /// Whether the response may reach the agent changed: then the upstream's `Content-Length`
-    /// no longer holds and must not be forwarded.
-    pub fn rewrites_response(&self) -> bool {
-        !self.injected.is_empty()
-            || matches!(self.answer, Answer::Messages | Answer::MessagesError(_))
-    }
-
     /// Starts reading the response; `is_sse` from its `Content-Type` (`text/event-stream`),
     /// since an error answer to a streamed request comes back as a plain JSON body.
     pub fn response(self, is_sse: bool) -> ResponseCapture {
@@ -216,8 +209,8 @@ impl ResponseCapture {
         self.seen > self.limit
     }
 
-    /// Whether the agent may get other bytes than the engine sent (see
-    /// [`Capture::rewrites_response`]).
+    /// Whether the agent may get other bytes than the engine sent: then the upstream's
+    /// `Content-Length` no longer holds and must not be forwarded.
     pub fn rewrites_response(&self) -> bool {
         !self.injected.is_empty() || self.translation.is_some()
     }
