@@ -19,6 +19,10 @@
 //! | `clawback:{t}:dead:{consumer group}` | stream | ready entries dead-lettered after too many deliveries |
 //! | `clawback:{t}:policy` | hash | live policy: `version`, `json` |
 //! | `clawback:{t}:policy:changed` | pub/sub channel | the new policy JSON, published on every switch |
+//! | `clawback:{t}:live` | zset (score = last call ms) | live trajectories, for the idle sweep ([`crate::Sessions`]) |
+//! | `clawback:{t}:live:{id}` | hash | a live trajectory's session state: `next`, `last`, `covered`, `eval`, `after`, `name`, `keys`, `c:{step}` per call in flight |
+//! | `clawback:{t}:name:{name}` | string | the live trajectory an agent's session name stands for |
+//! | `clawback:{t}:stitch:{hash}` | string | the live trajectory (or `*{n}`: several) a stitching key continues |
 
 use crate::ids::{GroupId, TenantId, TrajectoryId};
 
@@ -82,6 +86,16 @@ pub fn policy(tenant: &TenantId) -> String {
     format!("clawback:{{{tenant}}}:policy")
 }
 
+/// The tenant's live trajectories, scored by their last call.
+pub fn live(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:live")
+}
+
+/// One live trajectory's session state.
+pub fn live_trajectory(tenant: &TenantId, id: &TrajectoryId) -> String {
+    format!("clawback:{{{tenant}}}:live:{id}")
+}
+
 /// The pub/sub channel the sidecars listen on to switch a tenant's routing to a new adapter.
 pub fn policy_changed(tenant: &TenantId) -> String {
     format!("clawback:{{{tenant}}}:policy:changed")
@@ -111,6 +125,8 @@ mod tests {
             dead_letters(&t, "trainers"),
             policy(&t),
             policy_changed(&t),
+            live(&t),
+            live_trajectory(&t, &tr),
         ] {
             assert!(key.starts_with(&tenant_prefix(&t)), "{key}");
             assert!(key.starts_with("clawback:{acme}:"), "{key}");

@@ -5,6 +5,8 @@
 //! - [`Store`]: what the recorder writes and the trainer reads, implemented by [`RedisStore`]
 //!   (Redis Streams, one Redis or a cluster), [`LocalStore`] (SQLite: the embedded default and the
 //!   spool) and [`SpooledStore`] (Redis, falling back to a local spool while Redis is away);
+//! - [`Sessions`]: the session state every sidecar replica of a pool shares (which trajectory a
+//!   call joins), on Redis ([`RedisStore`]) or SQLite ([`LocalSessions`]);
 //! - [`reward`]: how evaluations combine into the rewards and hints a trainer learns from.
 
 mod codec;
@@ -12,19 +14,28 @@ pub mod error;
 pub mod example;
 pub mod ids;
 pub mod keys;
+pub mod local_sessions;
 pub mod local_store;
 mod redis_scripts;
+mod redis_session_scripts;
+mod redis_sessions;
 pub mod redis_store;
 pub mod reward;
 pub mod schema;
+pub mod sessions;
 pub mod spool;
 pub mod store;
 
 pub use error::{Error, Result};
 pub use ids::{EvaluationId, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
+pub use local_sessions::LocalSessions;
 pub use local_store::LocalStore;
 pub use redis_store::{Caps, RedisConfig, RedisStore};
 pub use schema::*;
+pub use sessions::{
+    Anchor, Finish, Finishing, Join, Joined, Matched, Prefix, Previous, Sessions, StepDone,
+    StepSlot, StitchKey, Timing,
+};
 pub use spool::{SpoolConfig, SpoolStats, SpooledStore, WriteOp};
 pub use store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,

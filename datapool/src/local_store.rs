@@ -216,6 +216,51 @@ fn enqueue(tx: &rusqlite::Transaction<'_>, tenant: &str, item: ReadyItem) -> Res
     Ok(())
 }
 
+/// Enqueues what a finished trajectory makes ready: itself, or its group once every member
+/// finished.
+fn enqueue_finished(
+    tx: &rusqlite::Transaction<'_>,
+    tenant: &str,
+    trajectory: TrajectoryId,
+    group: Option<GroupId>,
+    status: TrajectoryStatus,
+    at: UnixMs,
+) -> Result<Option<ReadyItem>> {
+    let id = trajectory.to_string();
+    let Some(group) = group else {
+        if status != TrajectoryStatus::Completed {
+            return Ok(None);
+        }
+        let item = ReadyItem::Trajectory(trajectory);
+        enqueue(tx, tenant, item)?;
+        return Ok(Some(item));
+    };
+    let gid = group.to_string();
+    tx.execute(
+        "UPDATE group_members SET finished = 1
+         WHERE tenant = ?1 AND group_id = ?2 AND trajectory = ?3",
+        [tenant, &gid, &id],
+    )?;
+    let (state, size, finished): (String, i64, i64) = tx.query_row(
+        "SELECT g.state, g.size,
+                (SELECT COUNT(*) FROM group_members m
+                 WHERE m.tenant = g.tenant AND m.group_id = g.id AND m.finished = 1)
+         FROM groups g WHERE g.tenant = ?1 AND g.id = ?2",
+        [tenant, &gid],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    if state != GroupState::Open.as_str() || finished < size {
+        return Ok(None);
+    }
+    tx.execute(
+        "UPDATE groups SET state = 'ready', settled_at = ?3 WHERE tenant = ?1 AND id = ?2",
+        params![tenant, gid, at.0 as i64],
+    )?;
+    let item = ReadyItem::Group(group);
+    enqueue(tx, tenant, item)?;
+    Ok(Some(item))
+}
+
 #[async_trait]
 impl Store for LocalStore {
     async fn upsert_trajectory(&self, t: &Trajectory) -> Result<()> {
@@ -229,10 +274,22 @@ impl Store for LocalStore {
                 "INSERT OR IGNORE INTO tenants (tenant) VALUES (?1)",
                 [tenant],
             )?;
+            // A completion written before this header (another replica's) waits in a row
+            // without one; it takes effect below.
+            let pending: Option<(String, Option<i64>)> = tx
+                .query_row(
+                    "SELECT status, completed_at FROM trajectories
+                     WHERE tenant = ?1 AND id = ?2 AND json = ''",
+                    [tenant, &id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
             tx.execute(
                 "INSERT INTO trajectories (tenant, id, json, group_id, group_size)
                  VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (tenant, id) DO UPDATE SET json = excluded.json",
+                 ON CONFLICT (tenant, id) DO UPDATE SET json = excluded.json,
+                     group_id = coalesce(group_id, excluded.group_id),
+                     group_size = coalesce(group_size, excluded.group_size)",
                 params![
                     tenant,
                     id,
@@ -253,6 +310,12 @@ impl Store for LocalStore {
                      VALUES (?1, ?2, ?3)",
                     params![tenant, gid, id],
                 )?;
+            }
+            if let Some((status, at)) = pending {
+                let status =
+                    TrajectoryStatus::parse(&status).unwrap_or(TrajectoryStatus::Completed);
+                let at = UnixMs(at.unwrap_or_default().max(0) as u64);
+                enqueue_finished(&tx, tenant, t.id, t.group.map(|g| g.id), status, at)?;
             }
             tx.commit()?;
             Ok(())
@@ -358,9 +421,17 @@ impl Store for LocalStore {
                 )
                 .optional()?;
             let Some((current, group)) = row else {
-                return Err(Error::UnknownTrajectory {
-                    tenant: tenant.into(),
-                    trajectory: id,
+                // The header is not written yet: keep the completion for it.
+                tx.execute(
+                    "INSERT INTO trajectories (tenant, id, json, status, completed_at, completion)
+                     VALUES (?1, ?2, '', ?3, ?4, ?5)",
+                    params![tenant, id, status.as_str(), req.at.0 as i64, completion],
+                )?;
+                tx.commit()?;
+                return Ok(Completed {
+                    newly_finished: true,
+                    enqueued: None,
+                    deferred: true,
                 });
             };
             if current != TrajectoryStatus::Open.as_str() {
@@ -375,40 +446,11 @@ impl Store for LocalStore {
                  WHERE tenant = ?1 AND id = ?2",
                 params![tenant, id, status.as_str(), req.at.0 as i64, completion],
             )?;
-            let mut enqueued = None;
-            match group {
-                None if status == TrajectoryStatus::Completed => {
-                    let item = ReadyItem::Trajectory(req.trajectory);
-                    enqueue(&tx, tenant, item)?;
-                    enqueued = Some(item);
-                }
-                None => {}
-                Some(gid) => {
-                    tx.execute(
-                        "UPDATE group_members SET finished = 1
-                         WHERE tenant = ?1 AND group_id = ?2 AND trajectory = ?3",
-                        [tenant, &gid, &id],
-                    )?;
-                    let (state, size, finished): (String, i64, i64) = tx.query_row(
-                        "SELECT g.state, g.size,
-                                (SELECT COUNT(*) FROM group_members m
-                                 WHERE m.tenant = g.tenant AND m.group_id = g.id AND m.finished = 1)
-                         FROM groups g WHERE g.tenant = ?1 AND g.id = ?2",
-                        [tenant, &gid],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                    )?;
-                    if state == GroupState::Open.as_str() && finished >= size {
-                        tx.execute(
-                            "UPDATE groups SET state = 'ready', settled_at = ?3
-                             WHERE tenant = ?1 AND id = ?2",
-                            params![tenant, gid, req.at.0 as i64],
-                        )?;
-                        let item = ReadyItem::Group(parse_stored("group id", &gid)?);
-                        enqueue(&tx, tenant, item)?;
-                        enqueued = Some(item);
-                    }
-                }
-            }
+            let group = match group {
+                Some(gid) => Some(parse_stored::<GroupId>("group id", &gid)?),
+                None => None,
+            };
+            let enqueued = enqueue_finished(&tx, tenant, req.trajectory, group, status, req.at)?;
             tx.commit()?;
             Ok(Completed {
                 newly_finished: true,
@@ -664,7 +706,10 @@ impl Store for LocalStore {
             let tx = c.transaction()?;
             let row = tx
                 .query_row(
-                    &format!("SELECT {HEADER_COLUMNS} FROM trajectories WHERE tenant = ?1 AND id = ?2"),
+                    &format!(
+                        "SELECT {HEADER_COLUMNS} FROM trajectories
+                         WHERE tenant = ?1 AND id = ?2 AND json != ''"
+                    ),
                     [&tenant, &id],
                     header_row,
                 )
@@ -778,7 +823,7 @@ impl Store for LocalStore {
         self.with(move |c| {
             let mut q = c.prepare_cached(&format!(
                 "SELECT {HEADER_COLUMNS} FROM trajectories
-                 WHERE tenant = ?1 AND id > ?2 ORDER BY id LIMIT ?3"
+                 WHERE tenant = ?1 AND id > ?2 AND json != '' ORDER BY id LIMIT ?3"
             ))?;
             let rows = q.query_map(params![tenant, after, limit as i64], header_row)?;
             let mut out = Vec::new();

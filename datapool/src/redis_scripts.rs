@@ -6,35 +6,65 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Finishes a trajectory and enqueues what became ready.
+/// What a finished trajectory makes ready, shared by [`COMPLETE`] and [`SETTLE_PENDING`].
 /// KEYS: traj hash, ready stream, group hash, group finished set, open groups zset.
-/// ARGV: traj id, status, at ms, completion JSON, group id or "", ready MAXLEN.
-/// Returns -1 unknown, 0 already finished, 1 finished, 2 enqueued the trajectory, 3 the group.
-pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if redis.call('HEXISTS', KEYS[1], 'json') == 0 then return -1 end
-if redis.call('HGET', KEYS[1], 'status') ~= 'open' then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], 'completed_at', ARGV[3], 'completion', ARGV[4])
-if ARGV[5] == '' then
-  if ARGV[2] == 'completed' then
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'kind', 'trajectory', 'id', ARGV[1])
-    return 2
+/// Returns 1 finished, 2 enqueued the trajectory, 3 the group.
+const ENQUEUE: &str = r#"
+local function enqueue(id, status, at, group, maxlen)
+  if group == '' then
+    if status == 'completed' then
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'kind', 'trajectory', 'id', id)
+      return 2
+    end
+    return 1
+  end
+  redis.call('SADD', KEYS[4], id)
+  local size = tonumber(redis.call('HGET', KEYS[3], 'size'))
+  if size and redis.call('HGET', KEYS[3], 'state') == 'open'
+     and redis.call('SCARD', KEYS[4]) >= size then
+    redis.call('HSET', KEYS[3], 'state', 'ready', 'settled_at', at)
+    redis.call('ZREM', KEYS[5], group)
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'kind', 'group', 'id', group)
+    return 3
   end
   return 1
 end
-redis.call('SADD', KEYS[4], ARGV[1])
-local size = tonumber(redis.call('HGET', KEYS[3], 'size'))
-if size and redis.call('HGET', KEYS[3], 'state') == 'open'
-   and redis.call('SCARD', KEYS[4]) >= size then
-  redis.call('HSET', KEYS[3], 'state', 'ready', 'settled_at', ARGV[3])
-  redis.call('ZREM', KEYS[5], ARGV[5])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'kind', 'group', 'id', ARGV[5])
-  return 3
+"#;
+
+/// Finishes a trajectory and enqueues what became ready. A trajectory whose header is not
+/// written yet (another replica's write still on its way) keeps the completion as pending, and
+/// [`SETTLE_PENDING`] enqueues it when the header arrives.
+/// KEYS: as [`ENQUEUE`]. ARGV: traj id, status, at ms, completion JSON, group id or "", ready
+/// MAXLEN. Returns 0 already finished, 1-3 as [`ENQUEUE`], 4 pending its header.
+pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{ENQUEUE}{}",
+        r#"
+local current = redis.call('HGET', KEYS[1], 'status')
+if current and current ~= 'open' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'completed_at', ARGV[3], 'completion', ARGV[4])
+if redis.call('HEXISTS', KEYS[1], 'json') == 0 then
+  redis.call('HSET', KEYS[1], 'pending', '1')
+  return 4
 end
-return 1
-"#,
-    )
+return enqueue(ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6])
+"#
+    ))
+});
+
+/// Enqueues a completion that arrived before the trajectory's header, once the header is
+/// written. KEYS: as [`ENQUEUE`]. ARGV: traj id, group id or "", ready MAXLEN.
+/// Returns 0 when nothing was pending, else as [`ENQUEUE`].
+pub(crate) static SETTLE_PENDING: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{ENQUEUE}{}",
+        r#"
+if redis.call('HGET', KEYS[1], 'pending') ~= '1' then return 0 end
+redis.call('HDEL', KEYS[1], 'pending')
+local f = redis.call('HMGET', KEYS[1], 'status', 'completed_at')
+return enqueue(ARGV[1], f[1], f[2], ARGV[2], ARGV[3])
+"#
+    ))
 });
 
 /// Settles an open group as partial (its timeout passed) and enqueues it.

@@ -32,7 +32,9 @@ use crate::codec::{decode, encode, parse_stored};
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::keys;
-use crate::redis_scripts::{COMPLETE, DEAD_LETTER, EXPIRE_GROUP, SET_POLICY, TRIM_TRAJECTORY};
+use crate::redis_scripts::{
+    COMPLETE, DEAD_LETTER, EXPIRE_GROUP, SETTLE_PENDING, SET_POLICY, TRIM_TRAJECTORY,
+};
 use crate::schema::{
     check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
     PolicyVersion, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
@@ -105,7 +107,7 @@ impl Default for Caps {
 
 /// A connection to one Redis or to a cluster; both are cheap to clone and multiplex commands.
 #[derive(Clone)]
-enum Conn {
+pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -188,7 +190,7 @@ impl RedisStore {
         Ok(())
     }
 
-    fn conn(&self) -> Conn {
+    pub(crate) fn conn(&self) -> Conn {
         self.conn.clone()
     }
 
@@ -438,6 +440,21 @@ impl Store for RedisStore {
                 .ignore();
         }
         pipe.query_async::<()>(&mut self.conn()).await?;
+        // A completion that arrived first (another replica's) takes effect now.
+        let gid = t
+            .group
+            .map_or_else(|| GroupId::from_uuid(*t.id.as_uuid()), |g| g.id);
+        let _: i64 = SETTLE_PENDING
+            .key(&key)
+            .key(keys::ready(tenant))
+            .key(keys::group(tenant, &gid))
+            .key(keys::group_finished(tenant, &gid))
+            .key(keys::open_groups(tenant))
+            .arg(t.id.to_string())
+            .arg(t.group.map(|g| g.id.to_string()).unwrap_or_default())
+            .arg(self.caps.max_ready_entries)
+            .invoke_async(&mut self.conn())
+            .await?;
         self.register_tenant(tenant).await
     }
 
@@ -511,12 +528,6 @@ impl Store for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(match outcome {
-            -1 => {
-                return Err(Error::UnknownTrajectory {
-                    tenant: tenant.to_string(),
-                    trajectory: traj.to_string(),
-                })
-            }
             0 => Completed {
                 newly_finished: false,
                 enqueued: None,
@@ -531,6 +542,11 @@ impl Store for RedisStore {
                 newly_finished: true,
                 enqueued: Some(ReadyItem::Group(gid)),
                 deferred: false,
+            },
+            4 => Completed {
+                newly_finished: true,
+                enqueued: None,
+                deferred: true,
             },
             _ => Completed {
                 newly_finished: true,

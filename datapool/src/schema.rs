@@ -136,6 +136,26 @@ pub enum CompletionReason {
     IdleTimeout,
 }
 
+impl CompletionReason {
+    /// The serialized name (`handshake`, `done_header`, `idle_timeout`): a metrics label too.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompletionReason::Handshake => "handshake",
+            CompletionReason::DoneHeader => "done_header",
+            CompletionReason::IdleTimeout => "idle_timeout",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        match s {
+            "handshake" => Some(CompletionReason::Handshake),
+            "done_header" => Some(CompletionReason::DoneHeader),
+            "idle_timeout" => Some(CompletionReason::IdleTimeout),
+            _ => None,
+        }
+    }
+}
+
 /// One model call: what was asked, what the model answered, the tokens it sampled and with which
 /// policy, and, once the next call arrived, what followed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

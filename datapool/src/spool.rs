@@ -11,7 +11,9 @@
 //! Delivery into Redis is at-least-once: a write whose reply was lost when Redis died may have
 //! landed and is replayed again; steps carry UUIDv7 ids for consumers to dedupe.
 //! Reads and the trainer's calls (ready queue, acks, policy) are not spooled: they go to Redis
-//! and fail while it is away; so does [`Store::expire_groups`], a sweep that simply runs again.
+//! and fail while it is away; so does [`Store::expire_groups`], a sweep that simply runs again,
+//! and so do the [`Sessions`] operations: session state is shared or it is nothing, and the
+//! recorder decides what a call does while it cannot be reached.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,9 +29,11 @@ use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::local_store::LocalStore;
 use crate::redis_store::RedisStore;
+use crate::schema::CompletionReason;
 use crate::schema::{
     Evaluation, Group, NextState, PolicyVersion, Step, Trajectory, TrajectoryRecord,
 };
+use crate::sessions::{Finish, Finishing, Join, Joined, Sessions, StepDone, StepSlot, Timing};
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
     DeliveryId, Store,
@@ -417,5 +421,76 @@ impl Store for SpooledStore {
 
     async fn set_policy_version(&self, policy: &PolicyVersion) -> Result<()> {
         self.shared.redis.set_policy_version(policy).await
+    }
+}
+
+#[async_trait]
+impl Sessions for SpooledStore {
+    async fn join(&self, join: &Join, timing: Timing) -> Result<Joined> {
+        self.shared.redis.join(join, timing).await
+    }
+
+    async fn step_done(&self, done: &StepDone, timing: Timing) -> Result<StepSlot> {
+        self.shared.redis.step_done(done, timing).await
+    }
+
+    async fn call_abandoned(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+        call: &StepId,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Option<Finishing>> {
+        self.shared
+            .redis
+            .call_abandoned(tenant, trajectory, call, now, timing)
+            .await
+    }
+
+    async fn finish(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+        reason: CompletionReason,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Finish> {
+        self.shared
+            .redis
+            .finish(tenant, trajectory, reason, now, timing)
+            .await
+    }
+
+    async fn finish_idle(
+        &self,
+        tenant: &TenantId,
+        now: UnixMs,
+        timing: Timing,
+        limit: usize,
+    ) -> Result<Vec<Finishing>> {
+        self.shared
+            .redis
+            .finish_idle(tenant, now, timing, limit)
+            .await
+    }
+
+    async fn is_live(&self, tenant: &TenantId, trajectory: &TrajectoryId) -> Result<bool> {
+        self.shared.redis.is_live(tenant, trajectory).await
+    }
+
+    async fn set_evaluation_only(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+    ) -> Result<bool> {
+        self.shared
+            .redis
+            .set_evaluation_only(tenant, trajectory)
+            .await
+    }
+
+    async fn live_tenants(&self) -> Result<Vec<TenantId>> {
+        self.shared.redis.live_tenants().await
     }
 }

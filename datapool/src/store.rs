@@ -50,7 +50,10 @@ pub trait Store: Send + Sync {
     async fn append_evaluations(&self, evaluations: &[Evaluation]) -> Result<()>;
 
     /// Finishes an open trajectory as `Completed` or `Abandoned` and enqueues what became ready.
-    /// Finishing one that is already finished changes nothing. Unknown trajectories are an error.
+    /// Finishing one that is already finished changes nothing. A trajectory whose header is not
+    /// written yet — another sidecar replica opened it and its write is still on its way — is
+    /// finished as soon as the header arrives ([`Completed::deferred`]): replicas' writes may
+    /// land in any order.
     async fn complete_trajectory(&self, request: &Complete) -> Result<Completed>;
 
     /// Enqueues every open group of `tenant` created before `created_before` as `Partial`: an
@@ -159,8 +162,9 @@ pub struct Completed {
     pub newly_finished: bool,
     /// What was enqueued as ready because of it, if anything.
     pub enqueued: Option<ReadyItem>,
-    /// `true` when the completion was spooled ([`crate::SpooledStore`] while Redis is away): it
-    /// takes effect when the spool is replayed, and what it enqueues is not known yet.
+    /// `true` when the completion waits: spooled ([`crate::SpooledStore`] while Redis is away),
+    /// or for the trajectory's header to be written. It takes effect then, and what it enqueues
+    /// is not known yet.
     pub deferred: bool,
 }
 

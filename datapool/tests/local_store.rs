@@ -280,3 +280,13 @@ async fn a_step_appended_twice_reads_back_once() {
     let (s, _dir) = store();
     scenarios::a_step_appended_twice_reads_back_once(&s, &fresh_tenant("replayed")).await;
 }
+
+#[tokio::test]
+async fn a_completion_before_its_header_takes_effect_with_the_header() {
+    let (s, _dir) = store();
+    scenarios::a_completion_before_its_header_takes_effect_with_the_header(
+        &s,
+        &fresh_tenant("early-complete"),
+    )
+    .await;
+}

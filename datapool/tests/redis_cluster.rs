@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use std::process::Command;
 
 use clawback_datapool::{RedisConfig, RedisStore, TenantId};
-use common::scenarios;
 use common::{fresh_tenant, RedisCluster};
+use common::{scenarios, sessions};
 
 /// The cluster slot of `key`, asked of the node on `port`.
 fn slot(port: u16, key: &str) -> String {
@@ -53,6 +53,28 @@ async fn the_store_works_on_a_three_master_cluster() {
     scenarios::tenants_never_see_each_others_data(&store, &tenants[6], &tenants[7]).await;
     scenarios::the_live_policy_only_moves_forward(&store, &tenants[8]).await;
     scenarios::next_states_attach_to_their_step(&store, &tenants[8]).await;
+    scenarios::a_completion_before_its_header_takes_effect_with_the_header(
+        &store,
+        &fresh_tenant("c-early"),
+    )
+    .await;
+    // Shared session state: its scripts find keys of the trajectory they look up, all on the
+    // tenant's slot.
+    let s: &dyn clawback_datapool::Sessions = &store;
+    sessions::a_call_continues_the_trajectory_whose_history_and_reply_it_extends(s, &tenants[1])
+        .await;
+    sessions::a_key_two_trajectories_hold_is_never_guessed(s, &tenants[2]).await;
+    sessions::a_completion_waits_for_the_calls_in_flight_and_is_answered_once(s, &tenants[3]).await;
+    sessions::racing_calls_of_one_session_share_a_trajectory_and_number_their_steps_once(
+        std::sync::Arc::new(store.clone()),
+        &tenants[4],
+    )
+    .await;
+    sessions::the_idle_sweep_finishes_each_trajectory_once_across_replicas(
+        std::sync::Arc::new(store.clone()),
+        &tenants[5],
+    )
+    .await;
 
     // Each tenant's keys share one slot (so its scripts and pipelines stay on one master), and
     // the tenants are spread over more than one master.

@@ -230,3 +230,10 @@ async fn a_step_appended_twice_reads_back_once() {
     let (t, _keys) = tenant("replayed");
     scenarios::a_step_appended_twice_reads_back_once(&store().await, &t).await;
 }
+
+#[tokio::test]
+async fn a_completion_before_its_header_takes_effect_with_the_header() {
+    let (t, _keys) = tenant("early-complete");
+    scenarios::a_completion_before_its_header_takes_effect_with_the_header(&store().await, &t)
+        .await;
+}

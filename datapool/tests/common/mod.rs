@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod scenarios;
+pub mod sessions;
 
 use clawback_datapool::example::tool_use_trajectory;
 use clawback_datapool::{Step, StepId, TenantId, Trajectory, TrajectoryId};

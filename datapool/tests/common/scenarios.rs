@@ -435,13 +435,28 @@ pub async fn tenants_never_see_each_others_data(store: &dyn Store, a: &TenantId,
         .await
         .unwrap_or_default()
         .is_empty());
-    let err = store
+    // Completing `a`'s id as `b` only waits for a header of `b`'s that never comes: `b` still
+    // sees nothing, and `a`'s trajectory is untouched.
+    let done = store
         .complete_trajectory(&Complete::now(b.clone(), t.id, CompletionReason::Handshake))
-        .await;
-    assert!(
-        matches!(err, Err(Error::UnknownTrajectory { .. })),
-        "{err:?}"
-    );
+        .await
+        .unwrap_or_else(|e| panic!("complete as b: {e}"));
+    assert!(done.deferred && done.enqueued.is_none(), "{done:?}");
+    assert!(store
+        .trajectory(b, &t.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
+    assert!(store
+        .list_trajectories(b, None, 100)
+        .await
+        .unwrap_or_default()
+        .is_empty());
+    assert!(store
+        .read_ready(b, &reader, 10)
+        .await
+        .unwrap_or_default()
+        .is_empty());
     // And `a` does see its own.
     assert!(store
         .trajectory(a, &t.id)
@@ -609,4 +624,61 @@ pub async fn a_step_appended_twice_reads_back_once(store: &dyn Store, tenant: &T
         got.steps.iter().map(|s| s.id).collect::<Vec<_>>(),
         vec![first.id, second.id]
     );
+}
+
+/// Replicas' writes land in any order: a completion written before the trajectory's header
+/// (another replica's write still on its way) takes effect when the header arrives — for a
+/// single trajectory and for the last member of a group.
+pub async fn a_completion_before_its_header_takes_effect_with_the_header(
+    store: &dyn Store,
+    tenant: &TenantId,
+) {
+    let single = open_trajectory(tenant);
+    let done = complete(store, tenant, single.id).await;
+    assert!(done.deferred && done.enqueued.is_none(), "{done:?}");
+    assert!(store
+        .trajectory(tenant, &single.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
+    // A second completion of it changes nothing.
+    assert!(!complete(store, tenant, single.id).await.newly_finished);
+    store
+        .upsert_trajectory(&single)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    let record = store
+        .trajectory(tenant, &single.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("the header arrived"));
+    assert_eq!(record.trajectory.status, TrajectoryStatus::Completed);
+    assert_eq!(
+        record.trajectory.completion,
+        Some(CompletionReason::Handshake)
+    );
+    let reader = consumer("r", Duration::from_secs(60), 5);
+    let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
+    assert_eq!(ready[0].item, ReadyItem::Trajectory(single.id));
+
+    let group = GroupId::new();
+    let members: Vec<_> = (0..2)
+        .map(|_| {
+            let mut t = open_trajectory(tenant);
+            t.group = Some(clawback_datapool::GroupMembership { id: group, size: 2 });
+            t
+        })
+        .collect();
+    store
+        .upsert_trajectory(&members[0])
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    complete(store, tenant, members[0].id).await;
+    assert!(complete(store, tenant, members[1].id).await.deferred);
+    store
+        .upsert_trajectory(&members[1])
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
+    assert_eq!(ready[0].item, ReadyItem::Group(group));
 }

@@ -1,0 +1,601 @@
+//! [`LocalSessions`]: [`Sessions`] in SQLite — in a file that every sidecar replica on one
+//! machine opens (the embedded default), or in memory (one process's own state, the fallback
+//! while a shared store is unreachable).
+//!
+//! Session state is small and touched twice per call, so it has a file of its own: its
+//! transactions never queue behind the datapool's batch writes for SQLite's one write lock.
+//! Every operation is one `BEGIN IMMEDIATE` transaction, so replicas in several processes take
+//! turns and see each other's state whole.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+
+use crate::codec::parse_stored;
+use crate::error::Result;
+use crate::ids::{StepId, TenantId, TrajectoryId, UnixMs};
+use crate::schema::CompletionReason;
+use crate::sessions::{
+    hash_hex, Anchor, Finish, Finishing, Join, Joined, Matched, Previous, Sessions, StepDone,
+    StepSlot, Timing,
+};
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS live (
+    tenant TEXT NOT NULL, id TEXT NOT NULL,
+    next_index INTEGER NOT NULL DEFAULT 0, last_step TEXT, covered INTEGER NOT NULL DEFAULT 0,
+    evaluation_only INTEGER NOT NULL DEFAULT 0, finish_after TEXT, seen INTEGER NOT NULL,
+    PRIMARY KEY (tenant, id));
+CREATE INDEX IF NOT EXISTS live_by_seen ON live (tenant, seen);
+CREATE TABLE IF NOT EXISTS live_calls (
+    tenant TEXT NOT NULL, trajectory TEXT NOT NULL, step TEXT NOT NULL, started INTEGER NOT NULL,
+    PRIMARY KEY (tenant, trajectory, step));
+CREATE TABLE IF NOT EXISTS live_names (
+    tenant TEXT NOT NULL, name TEXT NOT NULL, trajectory TEXT NOT NULL,
+    PRIMARY KEY (tenant, name));
+CREATE INDEX IF NOT EXISTS live_names_of ON live_names (tenant, trajectory);
+CREATE TABLE IF NOT EXISTS stitch_keys (
+    tenant TEXT NOT NULL, key TEXT NOT NULL, holder TEXT, holders INTEGER NOT NULL,
+    context_rebuilt INTEGER NOT NULL,
+    PRIMARY KEY (tenant, key));
+CREATE TABLE IF NOT EXISTS live_keys (
+    tenant TEXT NOT NULL, trajectory TEXT NOT NULL, key TEXT NOT NULL,
+    PRIMARY KEY (tenant, trajectory, key));
+"#;
+
+/// Session state in SQLite; see the module docs.
+#[derive(Clone)]
+pub struct LocalSessions {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl LocalSessions {
+    /// The session state in the file at `path`, shared with every process that opens it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Session state is rebuilt by the calls that follow a crash: no fsync per transaction.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        Self::with_connection(conn)
+    }
+
+    /// Session state of this process only.
+    pub fn in_memory() -> Result<Self> {
+        Self::with_connection(Connection::open_in_memory()?)
+    }
+
+    fn with_connection(conn: Connection) -> Result<Self> {
+        conn.execute_batch(SCHEMA)?;
+        Ok(LocalSessions {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `f` in an immediate transaction on the blocking pool, and commits what it returns.
+    async fn transaction<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = guard.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await?
+    }
+}
+
+/// A live trajectory's row.
+struct LiveRow {
+    next_index: u32,
+    last_step: Option<String>,
+    covered: u32,
+    evaluation_only: bool,
+    finish_after: Option<String>,
+    seen: u64,
+}
+
+fn live_row(tx: &Transaction<'_>, tenant: &str, id: &str) -> Result<Option<LiveRow>> {
+    Ok(tx
+        .query_row(
+            "SELECT next_index, last_step, covered, evaluation_only, finish_after, seen
+             FROM live WHERE tenant = ?1 AND id = ?2",
+            [tenant, id],
+            |r| {
+                Ok(LiveRow {
+                    next_index: r.get(0)?,
+                    last_step: r.get(1)?,
+                    covered: r.get(2)?,
+                    evaluation_only: r.get(3)?,
+                    finish_after: r.get(4)?,
+                    seen: r.get::<_, i64>(5)?.max(0) as u64,
+                })
+            },
+        )
+        .optional()?)
+}
+
+/// Whether a call that is not stale is in flight on the trajectory.
+fn busy(tx: &Transaction<'_>, tenant: &str, id: &str, stale_before: u64) -> Result<bool> {
+    Ok(tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM live_calls
+                            WHERE tenant = ?1 AND trajectory = ?2 AND started >= ?3)",
+        params![tenant, id, stale_before as i64],
+        |r| r.get(0),
+    )?)
+}
+
+/// Takes the trajectory's claim on a stitching key back.
+fn release_key(tx: &Transaction<'_>, tenant: &str, id: &str, key: &str) -> Result<()> {
+    let row: Option<(Option<String>, i64)> = tx
+        .query_row(
+            "SELECT holder, holders FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
+            [tenant, key],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    match row {
+        Some((Some(holder), _)) if holder == id => {
+            tx.execute(
+                "DELETE FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
+                [tenant, key],
+            )?;
+        }
+        // Shared: it stays ambiguous while anyone holds it (which one is not kept).
+        Some((None, holders)) if holders <= 1 => {
+            tx.execute(
+                "DELETE FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
+                [tenant, key],
+            )?;
+        }
+        Some((None, _)) => {
+            tx.execute(
+                "UPDATE stitch_keys SET holders = holders - 1 WHERE tenant = ?1 AND key = ?2",
+                [tenant, key],
+            )?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Claims a stitching key for the trajectory; a key another trajectory holds becomes shared.
+fn hold_key(
+    tx: &Transaction<'_>,
+    tenant: &str,
+    id: &str,
+    key: &str,
+    context_rebuilt: bool,
+) -> Result<()> {
+    let holder: Option<Option<String>> = tx
+        .query_row(
+            "SELECT holder FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
+            [tenant, key],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match holder {
+        None => {
+            tx.execute(
+                "INSERT INTO stitch_keys (tenant, key, holder, holders, context_rebuilt)
+                 VALUES (?1, ?2, ?3, 1, ?4)",
+                params![tenant, key, id, context_rebuilt],
+            )?;
+        }
+        Some(Some(holder)) if holder == id => {}
+        Some(Some(_)) => {
+            tx.execute(
+                "UPDATE stitch_keys SET holder = NULL, holders = 2 WHERE tenant = ?1 AND key = ?2",
+                [tenant, key],
+            )?;
+        }
+        Some(None) => {
+            tx.execute(
+                "UPDATE stitch_keys SET holders = holders + 1 WHERE tenant = ?1 AND key = ?2",
+                [tenant, key],
+            )?;
+        }
+    }
+    tx.execute(
+        "INSERT OR IGNORE INTO live_keys (tenant, trajectory, key) VALUES (?1, ?2, ?3)",
+        [tenant, id, key],
+    )?;
+    Ok(())
+}
+
+fn release_all_keys(tx: &Transaction<'_>, tenant: &str, id: &str) -> Result<()> {
+    let keys: Vec<String> = {
+        let mut q =
+            tx.prepare_cached("SELECT key FROM live_keys WHERE tenant = ?1 AND trajectory = ?2")?;
+        let rows = q.query_map([tenant, id], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for key in &keys {
+        release_key(tx, tenant, id, key)?;
+    }
+    tx.execute(
+        "DELETE FROM live_keys WHERE tenant = ?1 AND trajectory = ?2",
+        [tenant, id],
+    )?;
+    Ok(())
+}
+
+/// Removes every trace of a live trajectory; what the caller completes it with.
+fn finish_now(
+    tx: &Transaction<'_>,
+    tenant: &str,
+    id: &str,
+    row: &LiveRow,
+    reason: CompletionReason,
+) -> Result<Finishing> {
+    release_all_keys(tx, tenant, id)?;
+    tx.execute(
+        "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2",
+        [tenant, id],
+    )?;
+    tx.execute(
+        "DELETE FROM live_names WHERE tenant = ?1 AND trajectory = ?2",
+        [tenant, id],
+    )?;
+    tx.execute(
+        "DELETE FROM live WHERE tenant = ?1 AND id = ?2",
+        [tenant, id],
+    )?;
+    Ok(Finishing {
+        trajectory: parse_stored("live trajectory id", id)?,
+        reason,
+        steps: row.next_index,
+    })
+}
+
+fn stored_reason(reason: Option<&str>) -> Option<CompletionReason> {
+    reason.and_then(CompletionReason::parse)
+}
+
+/// What a join's anchor found.
+#[derive(Default)]
+struct Found {
+    /// The live trajectory it names: id and row.
+    live: Option<(String, LiveRow)>,
+    matched: Option<Matched>,
+    ambiguous: bool,
+}
+
+impl Found {
+    fn live(live: Option<(String, LiveRow)>) -> Self {
+        Found {
+            live,
+            ..Found::default()
+        }
+    }
+}
+
+/// The trajectory a join's anchor names, if it is live, and the stitching match.
+fn find(tx: &Transaction<'_>, join: &Join, timing: Timing) -> Result<Found> {
+    let tenant = join.tenant.as_str();
+    match &join.anchor {
+        Anchor::New => Ok(Found::default()),
+        Anchor::Name(name) => {
+            let id: Option<String> = tx
+                .query_row(
+                    "SELECT trajectory FROM live_names WHERE tenant = ?1 AND name = ?2",
+                    [tenant, name.as_str()],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(id) = id else {
+                return Ok(Found::default());
+            };
+            Ok(Found::live(live_row(tx, tenant, &id)?.map(|row| (id, row))))
+        }
+        Anchor::Trajectory(id) => {
+            let id = id.to_string();
+            Ok(Found::live(live_row(tx, tenant, &id)?.map(|row| (id, row))))
+        }
+        Anchor::Prefixes(prefixes) => {
+            let idle_before = join.now.saturating_sub(timing.idle).0;
+            // Only the longest matching prefix decides: a shorter one belongs to a history the
+            // longer one already extends.
+            for prefix in prefixes.iter().rev() {
+                let key = hash_hex(prefix.hash);
+                let found: Option<(Option<String>, bool)> = tx
+                    .query_row(
+                        "SELECT holder, context_rebuilt FROM stitch_keys
+                         WHERE tenant = ?1 AND key = ?2",
+                        [tenant, key.as_str()],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                match found {
+                    None => continue,
+                    Some((None, _)) => {
+                        return Ok(Found {
+                            ambiguous: true,
+                            ..Found::default()
+                        })
+                    }
+                    Some((Some(id), context_rebuilt)) => {
+                        let row = live_row(tx, tenant, &id)?.filter(|row| row.seen >= idle_before);
+                        let matched = Matched {
+                            end: prefix.end,
+                            context_rebuilt,
+                        };
+                        return Ok(Found {
+                            live: row.map(|row| (id, row)),
+                            matched: Some(matched),
+                            ambiguous: false,
+                        });
+                    }
+                }
+            }
+            Ok(Found::default())
+        }
+    }
+}
+
+#[async_trait]
+impl Sessions for LocalSessions {
+    async fn join(&self, join: &Join, timing: Timing) -> Result<Joined> {
+        let join = join.clone();
+        self.transaction(move |tx| {
+            let tenant = join.tenant.as_str();
+            let now = join.now.0 as i64;
+            let Found {
+                live,
+                matched,
+                ambiguous,
+            } = find(tx, &join, timing)?;
+            let call = join.call.map(|c| c.to_string());
+            if let Some((id, row)) = live {
+                tx.execute(
+                    "UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, id, now],
+                )?;
+                if let Some(call) = &call {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO live_calls (tenant, trajectory, step, started)
+                         VALUES (?1, ?2, ?3, ?4)",
+                        params![tenant, id, call, now],
+                    )?;
+                }
+                let previous = match &row.last_step {
+                    Some(step) => Some(Previous {
+                        step: parse_stored::<StepId>("last step id", step)?,
+                        covered: row.covered,
+                    }),
+                    None => None,
+                };
+                return Ok(Joined {
+                    trajectory: parse_stored("live trajectory id", &id)?,
+                    opened: false,
+                    ambiguous: false,
+                    previous,
+                    matched,
+                    evaluation_only: row.evaluation_only,
+                    next_index: row.next_index,
+                });
+            }
+            let id = join.open.to_string();
+            tx.execute(
+                "INSERT INTO live (tenant, id, seen) VALUES (?1, ?2, ?3)",
+                params![tenant, id, now],
+            )?;
+            if let Some(call) = &call {
+                tx.execute(
+                    "INSERT INTO live_calls (tenant, trajectory, step, started)
+                     VALUES (?1, ?2, ?3, ?4)",
+                    params![tenant, id, call, now],
+                )?;
+            }
+            if let Anchor::Name(name) = &join.anchor {
+                tx.execute(
+                    "INSERT OR REPLACE INTO live_names (tenant, name, trajectory)
+                     VALUES (?1, ?2, ?3)",
+                    params![tenant, name, id],
+                )?;
+            }
+            Ok(Joined {
+                trajectory: join.open,
+                opened: true,
+                ambiguous,
+                previous: None,
+                matched: None,
+                evaluation_only: false,
+                next_index: 0,
+            })
+        })
+        .await
+    }
+
+    async fn step_done(&self, done: &StepDone, timing: Timing) -> Result<StepSlot> {
+        let done = done.clone();
+        self.transaction(move |tx| {
+            let tenant = done.tenant.as_str();
+            let id = done.trajectory.to_string();
+            let step = done.step.to_string();
+            tx.execute(
+                "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2 AND step = ?3",
+                [tenant, &id, &step],
+            )?;
+            let Some(mut row) = live_row(tx, tenant, &id)? else {
+                return Ok(StepSlot {
+                    index: None,
+                    finishing: None,
+                });
+            };
+            let index = row.next_index;
+            row.next_index += 1;
+            if row.finish_after.is_none() {
+                row.finish_after = done.finish.map(|r| r.as_str().to_owned());
+            }
+            tx.execute(
+                "UPDATE live SET next_index = ?3, last_step = ?4, covered = ?5, seen = ?6,
+                                 finish_after = ?7
+                 WHERE tenant = ?1 AND id = ?2",
+                params![
+                    tenant,
+                    id,
+                    row.next_index,
+                    step,
+                    done.covered,
+                    done.now.0 as i64,
+                    row.finish_after
+                ],
+            )?;
+            let stale_before = done.now.saturating_sub(timing.stale_call).0;
+            if let Some(reason) = stored_reason(row.finish_after.as_deref()) {
+                if !busy(tx, tenant, &id, stale_before)? {
+                    let finishing = finish_now(tx, tenant, &id, &row, reason)?;
+                    return Ok(StepSlot {
+                        index: Some(index),
+                        finishing: Some(finishing),
+                    });
+                }
+            }
+            // The previous call's keys give way to this one's: a call that branches from an
+            // older point of the conversation starts a new trajectory.
+            release_all_keys(tx, tenant, &id)?;
+            for key in &done.keys {
+                hold_key(tx, tenant, &id, &hash_hex(key.hash), key.context_rebuilt)?;
+            }
+            Ok(StepSlot {
+                index: Some(index),
+                finishing: None,
+            })
+        })
+        .await
+    }
+
+    async fn call_abandoned(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+        call: &StepId,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Option<Finishing>> {
+        let (tenant, id, step) = (tenant.to_string(), trajectory.to_string(), call.to_string());
+        self.transaction(move |tx| {
+            tx.execute(
+                "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2 AND step = ?3",
+                [&tenant, &id, &step],
+            )?;
+            let Some(row) = live_row(tx, &tenant, &id)? else {
+                return Ok(None);
+            };
+            tx.execute(
+                "UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, id, now.0 as i64],
+            )?;
+            let stale_before = now.saturating_sub(timing.stale_call).0;
+            match stored_reason(row.finish_after.as_deref()) {
+                Some(reason) if !busy(tx, &tenant, &id, stale_before)? => {
+                    finish_now(tx, &tenant, &id, &row, reason).map(Some)
+                }
+                _ => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn finish(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+        reason: CompletionReason,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Finish> {
+        let (tenant, id) = (tenant.to_string(), trajectory.to_string());
+        self.transaction(move |tx| {
+            let Some(row) = live_row(tx, &tenant, &id)? else {
+                return Ok(Finish::NotLive);
+            };
+            let stale_before = now.saturating_sub(timing.stale_call).0;
+            if busy(tx, &tenant, &id, stale_before)? {
+                if row.finish_after.is_none() {
+                    tx.execute(
+                        "UPDATE live SET finish_after = ?3 WHERE tenant = ?1 AND id = ?2",
+                        params![tenant, id, reason.as_str()],
+                    )?;
+                }
+                return Ok(Finish::Deferred);
+            }
+            let reason = stored_reason(row.finish_after.as_deref()).unwrap_or(reason);
+            finish_now(tx, &tenant, &id, &row, reason).map(Finish::Now)
+        })
+        .await
+    }
+
+    async fn finish_idle(
+        &self,
+        tenant: &TenantId,
+        now: UnixMs,
+        timing: Timing,
+        limit: usize,
+    ) -> Result<Vec<Finishing>> {
+        let tenant = tenant.to_string();
+        self.transaction(move |tx| {
+            let idle_before = now.saturating_sub(timing.idle).0 as i64;
+            let stale_before = now.saturating_sub(timing.stale_call).0;
+            let ids: Vec<String> = {
+                let mut q = tx.prepare_cached(
+                    "SELECT id FROM live WHERE tenant = ?1 AND seen < ?2 ORDER BY seen LIMIT ?3",
+                )?;
+                let rows = q.query_map(params![tenant, idle_before, limit as i64], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            let mut finished = Vec::new();
+            for id in ids {
+                if busy(tx, &tenant, &id, stale_before)? {
+                    continue;
+                }
+                if let Some(row) = live_row(tx, &tenant, &id)? {
+                    let reason = stored_reason(row.finish_after.as_deref())
+                        .unwrap_or(CompletionReason::IdleTimeout);
+                    finished.push(finish_now(tx, &tenant, &id, &row, reason)?);
+                }
+            }
+            Ok(finished)
+        })
+        .await
+    }
+
+    async fn is_live(&self, tenant: &TenantId, trajectory: &TrajectoryId) -> Result<bool> {
+        let (tenant, id) = (tenant.to_string(), trajectory.to_string());
+        self.transaction(move |tx| Ok(live_row(tx, &tenant, &id)?.is_some()))
+            .await
+    }
+
+    async fn set_evaluation_only(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+    ) -> Result<bool> {
+        let (tenant, id) = (tenant.to_string(), trajectory.to_string());
+        self.transaction(move |tx| {
+            Ok(tx.execute(
+                "UPDATE live SET evaluation_only = 1 WHERE tenant = ?1 AND id = ?2",
+                [&tenant, &id],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn live_tenants(&self) -> Result<Vec<TenantId>> {
+        self.transaction(|tx| {
+            let mut q = tx.prepare_cached("SELECT DISTINCT tenant FROM live")?;
+            let rows = q.query_map([], |r| r.get::<_, String>(0))?;
+            rows.map(|t| TenantId::new(t?)).collect()
+        })
+        .await
+    }
+}
