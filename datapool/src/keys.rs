@@ -23,6 +23,7 @@
 //! | `clawback:{t}:live:{id}` | hash | a live trajectory's session state: `next`, `last`, `covered`, `eval`, `after`, `name`, `keys`, `c:{step}` per call in flight |
 //! | `clawback:{t}:name:{name}` | string | the live trajectory an agent's session name stands for |
 //! | `clawback:{t}:stitch:{hash}` | string | the live trajectory (or `*{n}`: several) a stitching key continues |
+//! | `clawback:{t}:finished:{id}` | string | `{reason}\|{steps}\|{last step}` of a trajectory finished lately: repeated requests get the same answer |
 
 use crate::ids::{GroupId, TenantId, TrajectoryId};
 

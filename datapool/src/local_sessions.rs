@@ -41,6 +41,11 @@ CREATE TABLE IF NOT EXISTS stitch_keys (
     tenant TEXT NOT NULL, key TEXT NOT NULL, holder TEXT, holders INTEGER NOT NULL,
     context_rebuilt INTEGER NOT NULL,
     PRIMARY KEY (tenant, key));
+CREATE TABLE IF NOT EXISTS finished (
+    tenant TEXT NOT NULL, id TEXT NOT NULL, reason TEXT NOT NULL, steps INTEGER NOT NULL,
+    last_step TEXT, at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, id));
+CREATE INDEX IF NOT EXISTS finished_by_age ON finished (at);
 CREATE TABLE IF NOT EXISTS live_keys (
     tenant TEXT NOT NULL, trajectory TEXT NOT NULL, key TEXT NOT NULL,
     PRIMARY KEY (tenant, trajectory, key));
@@ -228,6 +233,24 @@ fn release_all_keys(tx: &Transaction<'_>, tenant: &str, id: &str) -> Result<()> 
     Ok(())
 }
 
+/// A trajectory finished lately: reason, steps and last step.
+fn finished(
+    tx: &Transaction<'_>,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<(CompletionReason, u32, Option<String>)>> {
+    let row: Option<(String, u32, Option<String>)> = tx
+        .query_row(
+            "SELECT reason, steps, last_step FROM finished WHERE tenant = ?1 AND id = ?2",
+            [tenant, id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    Ok(row.and_then(|(reason, steps, last)| {
+        CompletionReason::parse(&reason).map(|reason| (reason, steps, last))
+    }))
+}
+
 /// Removes every trace of a live trajectory; what the caller completes it with.
 fn finish_now(
     tx: &Transaction<'_>,
@@ -235,7 +258,20 @@ fn finish_now(
     id: &str,
     row: &LiveRow,
     reason: CompletionReason,
+    now: UnixMs,
 ) -> Result<Finishing> {
+    tx.execute(
+        "INSERT OR REPLACE INTO finished (tenant, id, reason, steps, last_step, at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            tenant,
+            id,
+            reason.as_str(),
+            row.next_index,
+            row.last_step,
+            now.0 as i64
+        ],
+    )?;
     release_all_keys(tx, tenant, id)?;
     tx.execute(
         "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2",
@@ -426,13 +462,31 @@ impl Sessions for LocalSessions {
                 [tenant, &id, &step],
             )?;
             let Some(mut row) = live_row(tx, tenant, &id)? else {
-                return Ok(StepSlot {
-                    index: None,
-                    finishing: None,
+                // Asked again after it finished the trajectory: the same answer.
+                return Ok(match finished(tx, tenant, &id)? {
+                    Some((reason, steps, Some(last))) if last == step => StepSlot {
+                        index: steps.checked_sub(1),
+                        finishing: Some(Finishing {
+                            trajectory: done.trajectory,
+                            reason,
+                            steps,
+                        }),
+                    },
+                    _ => StepSlot {
+                        index: None,
+                        finishing: None,
+                    },
                 });
             };
+            if row.last_step.as_deref() == Some(step.as_str()) {
+                return Ok(StepSlot {
+                    index: row.next_index.checked_sub(1),
+                    finishing: None,
+                });
+            }
             let index = row.next_index;
             row.next_index += 1;
+            row.last_step = Some(step.clone());
             if row.finish_after.is_none() {
                 row.finish_after = done.finish.map(|r| r.as_str().to_owned());
             }
@@ -444,7 +498,7 @@ impl Sessions for LocalSessions {
                     tenant,
                     id,
                     row.next_index,
-                    step,
+                    row.last_step,
                     done.covered,
                     done.now.0 as i64,
                     row.finish_after
@@ -453,7 +507,7 @@ impl Sessions for LocalSessions {
             let stale_before = done.now.saturating_sub(timing.stale_call).0;
             if let Some(reason) = stored_reason(row.finish_after.as_deref()) {
                 if !busy(tx, tenant, &id, stale_before)? {
-                    let finishing = finish_now(tx, tenant, &id, &row, reason)?;
+                    let finishing = finish_now(tx, tenant, &id, &row, reason, done.now)?;
                     return Ok(StepSlot {
                         index: Some(index),
                         finishing: Some(finishing),
@@ -483,13 +537,20 @@ impl Sessions for LocalSessions {
         timing: Timing,
     ) -> Result<Option<Finishing>> {
         let (tenant, id, step) = (tenant.to_string(), trajectory.to_string(), call.to_string());
+        let call_trajectory = *trajectory;
         self.transaction(move |tx| {
             tx.execute(
                 "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2 AND step = ?3",
                 [&tenant, &id, &step],
             )?;
             let Some(row) = live_row(tx, &tenant, &id)? else {
-                return Ok(None);
+                return Ok(
+                    finished(tx, &tenant, &id)?.map(|(reason, steps, _)| Finishing {
+                        trajectory: call_trajectory,
+                        reason,
+                        steps,
+                    }),
+                );
             };
             tx.execute(
                 "UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2",
@@ -498,7 +559,7 @@ impl Sessions for LocalSessions {
             let stale_before = now.saturating_sub(timing.stale_call).0;
             match stored_reason(row.finish_after.as_deref()) {
                 Some(reason) if !busy(tx, &tenant, &id, stale_before)? => {
-                    finish_now(tx, &tenant, &id, &row, reason).map(Some)
+                    finish_now(tx, &tenant, &id, &row, reason, now).map(Some)
                 }
                 _ => Ok(None),
             }
@@ -517,7 +578,14 @@ impl Sessions for LocalSessions {
         let (tenant, id) = (tenant.to_string(), trajectory.to_string());
         self.transaction(move |tx| {
             let Some(row) = live_row(tx, &tenant, &id)? else {
-                return Ok(Finish::NotLive);
+                return Ok(match finished(tx, &tenant, &id)? {
+                    Some((reason, steps, _)) => Finish::Now(Finishing {
+                        trajectory: parse_stored("finished trajectory id", &id)?,
+                        reason,
+                        steps,
+                    }),
+                    None => Finish::NotLive,
+                });
             };
             let stale_before = now.saturating_sub(timing.stale_call).0;
             if busy(tx, &tenant, &id, stale_before)? {
@@ -530,7 +598,7 @@ impl Sessions for LocalSessions {
                 return Ok(Finish::Deferred);
             }
             let reason = stored_reason(row.finish_after.as_deref()).unwrap_or(reason);
-            finish_now(tx, &tenant, &id, &row, reason).map(Finish::Now)
+            finish_now(tx, &tenant, &id, &row, reason, now).map(Finish::Now)
         })
         .await
     }
@@ -561,9 +629,14 @@ impl Sessions for LocalSessions {
                 if let Some(row) = live_row(tx, &tenant, &id)? {
                     let reason = stored_reason(row.finish_after.as_deref())
                         .unwrap_or(CompletionReason::IdleTimeout);
-                    finished.push(finish_now(tx, &tenant, &id, &row, reason)?);
+                    finished.push(finish_now(tx, &tenant, &id, &row, reason, now)?);
                 }
             }
+            // What repeats are answered from, kept as long as Redis keeps it.
+            tx.execute(
+                "DELETE FROM finished WHERE at < ?1",
+                [now.saturating_sub(timing.retention()).0 as i64],
+            )?;
             Ok(finished)
         })
         .await

@@ -10,8 +10,14 @@
 //! (`next` index, `last` step, `covered`, `eval`, `after` = a completion waiting for calls,
 //! `name`, `keys` = its stitching keys, `c:{step}` = a call in flight since ms); `name:{name}` →
 //! trajectory id; `stitch:{hash}` → `{trajectory}|{context_rebuilt}`, or `*{n}|…` when `n`
-//! trajectories hold it. Every key but the index expires after the retention time unless
+//! trajectories hold it; `finished:{id}` → `{reason}|{steps}|{last step}` for a while after a
+//! trajectory was finished. Every key but the index expires after the retention time unless
 //! touched.
+//!
+//! A caller whose connection broke after a script ran but before its reply arrived asks again:
+//! every script answers a repeat as it answered the first time (a step already numbered keeps
+//! its index, a finished trajectory is reported finished to whoever asks about it), so retrying
+//! never loses a completion nor numbers a step twice.
 
 use std::sync::LazyLock;
 
@@ -58,7 +64,7 @@ local function release_keys(id, h)
   end
   redis.call('HDEL', h, 'keys')
 end
-local function finish_now(id, h, reason)
+local function finish_now(id, h, reason, ttl)
   release_keys(id, h)
   local name = redis.call('HGET', h, 'name')
   if name then
@@ -66,9 +72,19 @@ local function finish_now(id, h, reason)
     if redis.call('GET', nk) == id then redis.call('DEL', nk) end
   end
   local steps = tonumber(redis.call('HGET', h, 'next')) or 0
+  local last = redis.call('HGET', h, 'last') or ''
   redis.call('DEL', h)
   redis.call('ZREM', LIVE, id)
+  -- What a caller whose reply was lost finds when it asks again.
+  redis.call('SET', P .. 'finished:' .. id, reason .. '|' .. steps .. '|' .. last, 'PX', ttl)
   return {id, reason, steps}
+end
+local function finished(id)
+  local v = redis.call('GET', P .. 'finished:' .. id)
+  if not v then return nil end
+  local reason, rest = split(v, '|')
+  local steps, last = split(rest, '|')
+  return reason, tonumber(steps), last
 end
 local function touch(id, h, now, ttl)
   redis.call('ZADD', LIVE, now, id)
@@ -147,13 +163,20 @@ local id, step = ARGV[2], ARGV[3]
 local now, stale_before, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local h = live_key(id)
 redis.call('HDEL', h, 'c:' .. step)
-if redis.call('EXISTS', h) == 0 then return {-1, '', 0} end
+if redis.call('EXISTS', h) == 0 then
+  local reason, steps, last = finished(id)
+  if reason and last == step then return {steps - 1, reason, steps} end
+  return {-1, '', 0}
+end
+if redis.call('HGET', h, 'last') == step then
+  return {tonumber(redis.call('HGET', h, 'next')) - 1, '', 0}
+end
 local index = redis.call('HINCRBY', h, 'next', 1) - 1
 redis.call('HSET', h, 'last', step, 'covered', ARGV[4])
 if ARGV[8] ~= '' then redis.call('HSETNX', h, 'after', ARGV[8]) end
 local after = redis.call('HGET', h, 'after')
 if after and not busy(h, stale_before) then
-  local f = finish_now(id, h, after)
+  local f = finish_now(id, h, after, ttl)
   return {index, f[2], f[3]}
 end
 -- The previous call's keys give way to this one's.
@@ -192,11 +215,15 @@ pub(crate) static CALL_ABANDONED: LazyLock<Script> = LazyLock::new(|| {
 local id = ARGV[2]
 local h = live_key(id)
 redis.call('HDEL', h, 'c:' .. ARGV[3])
-if redis.call('EXISTS', h) == 0 then return {'', 0} end
+if redis.call('EXISTS', h) == 0 then
+  local reason, steps = finished(id)
+  if reason then return {reason, steps} end
+  return {'', 0}
+end
 touch(id, h, tonumber(ARGV[4]), ARGV[6])
 local after = redis.call('HGET', h, 'after')
 if after and not busy(h, tonumber(ARGV[5])) then
-  local f = finish_now(id, h, after)
+  local f = finish_now(id, h, after, ARGV[6])
   return {f[2], f[3]}
 end
 return {'', 0}
@@ -204,25 +231,31 @@ return {'', 0}
     )
 });
 
-/// ARGV: prefix, trajectory, reason, stale_before.
-/// Returns {0 not live / 1 deferred / 2 finished, reason, steps}.
+/// ARGV: prefix, trajectory, reason, stale_before, ttl.
+/// Returns {0 not live / 1 deferred / 2 finished, reason, steps}: a trajectory finished a
+/// moment ago is reported finished again (its completion is written again, which changes
+/// nothing), so a caller that lost the first answer still writes it.
 pub(crate) static FINISH: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
 local id = ARGV[2]
 local h = live_key(id)
-if redis.call('EXISTS', h) == 0 then return {0, '', 0} end
+if redis.call('EXISTS', h) == 0 then
+  local reason, steps = finished(id)
+  if reason then return {2, reason, steps} end
+  return {0, '', 0}
+end
 if busy(h, tonumber(ARGV[4])) then
   redis.call('HSETNX', h, 'after', ARGV[3])
   return {1, '', 0}
 end
-local f = finish_now(id, h, redis.call('HGET', h, 'after') or ARGV[3])
+local f = finish_now(id, h, redis.call('HGET', h, 'after') or ARGV[3], ARGV[5])
 return {2, f[2], f[3]}
 "#,
     )
 });
 
-/// ARGV: prefix, idle_before, stale_before, limit.
+/// ARGV: prefix, idle_before, stale_before, limit, ttl.
 /// Returns {{trajectory, reason, steps}, ...}.
 pub(crate) static FINISH_IDLE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -236,7 +269,7 @@ for _, id in ipairs(ids) do
     redis.call('ZREM', LIVE, id)
     out[#out + 1] = {id, 'idle_timeout', 0}
   elseif not busy(h, tonumber(ARGV[3])) then
-    out[#out + 1] = finish_now(id, h, redis.call('HGET', h, 'after') or 'idle_timeout')
+    out[#out + 1] = finish_now(id, h, redis.call('HGET', h, 'after') or 'idle_timeout', ARGV[5])
   end
 end
 return out

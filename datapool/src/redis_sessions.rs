@@ -177,6 +177,7 @@ impl Sessions for RedisStore {
             .arg(trajectory.to_string())
             .arg(reason.as_str())
             .arg(now.saturating_sub(timing.stale_call).0)
+            .arg(millis(timing.retention()))
             .invoke_async(&mut self.conn())
             .await?;
         Ok(match outcome {
@@ -199,6 +200,7 @@ impl Sessions for RedisStore {
             .arg(now.saturating_sub(timing.idle).0)
             .arg(now.saturating_sub(timing.stale_call).0)
             .arg(limit)
+            .arg(millis(timing.retention()))
             .invoke_async(&mut self.conn())
             .await?;
         finished

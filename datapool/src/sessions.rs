@@ -9,6 +9,11 @@
 //! and a trajectory is finished by exactly one caller: the one the operation answers
 //! [`Finishing`] to, who then writes the datapool's completion.
 //!
+//! Every operation answers a repeat as it answered the first time — a step already numbered
+//! keeps its number, a trajectory finished lately is reported finished (with its reason) to
+//! whoever asks — so a caller whose reply was lost to a broken connection may simply ask again:
+//! nothing is numbered twice, and no completion is lost (writing one twice changes nothing).
+//!
 //! Stitching keys are the 128-bit hashes of canonical histories (the sidecar's
 //! `session::canonical`): a call's [`Prefix`]es are the hashes of its history up to each
 //! assistant turn; a recorded call leaves [`StitchKey`]s, the hashes of its history plus its
@@ -143,7 +148,8 @@ pub enum Finish {
     /// Calls are in flight: it finishes when the last one is recorded (that call's caller
     /// writes the completion).
     Deferred,
-    /// No such live trajectory (never opened, or already finished).
+    /// No such live trajectory (never opened, or finished long ago; one finished lately is
+    /// reported [`Finish::Now`] again).
     NotLive,
 }
 

@@ -106,6 +106,12 @@ pub async fn a_call_continues_the_trajectory_whose_history_and_reply_it_extends(
         Some(0)
     );
 
+    // Asked again (a lost reply), the step keeps its number.
+    assert_eq!(
+        done(sessions, tenant, &opened, call, &[k1], now).await,
+        Some(0)
+    );
+
     let (second, call2) = join_as(
         tenant,
         prefixes(&[(k1, 3)]),
@@ -281,6 +287,23 @@ pub async fn a_completion_waits_for_the_calls_in_flight_and_is_answered_once(
     assert_eq!(finishing.trajectory, t.trajectory);
     assert_eq!(finishing.reason, CompletionReason::Handshake);
     assert_eq!(finishing.steps, 1);
+    // A repeat (a caller whose reply was lost) gets the same answers.
+    let repeat = sessions
+        .step_done(
+            &StepDone {
+                tenant: tenant.clone(),
+                trajectory: t.trajectory,
+                step: call,
+                covered: 2,
+                keys: vec![],
+                finish: None,
+                now,
+            },
+            TIMING,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("step_done: {e}"));
+    assert_eq!(repeat, slot);
     let again = sessions
         .finish(
             tenant,
@@ -291,7 +314,7 @@ pub async fn a_completion_waits_for_the_calls_in_flight_and_is_answered_once(
         )
         .await
         .unwrap_or_else(|e| panic!("finish: {e}"));
-    assert_eq!(again, Finish::NotLive);
+    assert_eq!(again, Finish::Now(finishing));
     assert!(!sessions
         .is_live(tenant, &t.trajectory)
         .await
