@@ -120,17 +120,17 @@ impl App {
         let agent_api = AllowList::new(&config.agent_api)?;
         let admin = crate::handshake::auth::AdminAuth::new(&config.admin)?;
         let background = CancellationToken::new();
-        let store = if config.recording.enabled || config.routing.enabled() {
+        let datapool = if config.recording.enabled || config.routing.enabled() {
             Some(crate::store::open(&config).await?)
         } else {
             None
         };
         let mut filters = None;
-        let recorder = match &store {
-            Some(store) if config.recording.enabled => {
+        let recorder = match &datapool {
+            Some(datapool) if config.recording.enabled => {
                 let recorder = Recorder::start(
                     config.recording.clone(),
-                    Arc::clone(store),
+                    datapool.clone(),
                     Arc::clone(&metrics),
                     &config.data_dir,
                 )?;
@@ -143,7 +143,7 @@ impl App {
             }
             _ => None,
         };
-        let router = match store {
+        let router = match datapool.map(|d| d.store) {
             Some(store) => {
                 crate::policy::start(&config, store, Arc::clone(&metrics), background.clone()).await
             }
@@ -187,7 +187,7 @@ impl App {
     pub async fn close(&self) {
         self.background.cancel();
         if let Some(recorder) = &self.recorder {
-            recorder.complete_all();
+            recorder.complete_local().await;
             // The last evaluations (trajectory outcomes among them) go out with the rest.
             if let Some(filters) = &self.filters {
                 filters.close(self.config.timeouts.shutdown_grace).await;
@@ -316,7 +316,7 @@ where
         upstream_path,
     } = route
     {
-        let session = match crate::claw_r1::admit_api(&app, &tenant, &uid, &prompt) {
+        let session = match crate::claw_r1::admit_api(&app, &tenant, &uid, &prompt).await {
             Ok(session) => session,
             Err(refusal) => return refusal.into_response(),
         };
@@ -410,7 +410,7 @@ where
         _ => (body, endpoint, upstream_path, Answer::AsSent),
     };
     let (body, mut recording, routed) =
-        prepare_model_call(&app, &parts, endpoint, session.as_ref(), tenant, body)?;
+        prepare_model_call(&app, &parts, endpoint, session.as_ref(), tenant, body).await?;
     if let Some(pending) = &mut recording {
         pending.capture = pending.capture.answering(answer);
     }
@@ -508,7 +508,7 @@ async fn models_for(
 /// trajectory and asks the engine for what the step records (token ids, logprobs). Anything that
 /// is not a JSON object is forwarded as it came — the engine answers the error, and there is
 /// nothing to route or record.
-fn prepare_model_call(
+async fn prepare_model_call(
     app: &App,
     parts: &http::request::Parts,
     endpoint: Endpoint,
@@ -557,7 +557,9 @@ fn prepare_model_call(
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let mut call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
+    let mut call = recorder
+        .begin(tenant, &hints, step_endpoint, &json, traceparent)
+        .await;
     call.policy = routed.policy.clone();
     call.responses = responses_turn;
     let model = json["model"].as_str().unwrap_or_default().to_owned();

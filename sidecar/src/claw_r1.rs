@@ -172,6 +172,8 @@ pub enum ClawR1Error {
     BadBody(String),
     #[error("too many open trajectories ({MAX_OPEN}): complete some first")]
     Full,
+    #[error(transparent)]
+    Sessions(#[from] crate::session::shared::Unreachable),
 }
 
 impl ClawR1Error {
@@ -182,6 +184,7 @@ impl ClawR1Error {
             Self::Unknown(_) => (StatusCode::NOT_FOUND, "trajectory_not_found"),
             Self::BadBody(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
             Self::Full => (StatusCode::SERVICE_UNAVAILABLE, "too_many_trajectories"),
+            Self::Sessions(_) => (StatusCode::SERVICE_UNAVAILABLE, "session_state_unreachable"),
         };
         let kind = if status.is_server_error() {
             "server_error"
@@ -217,7 +220,7 @@ fn group(app: &App, prompt: &str) -> Option<(String, u32)> {
 }
 
 /// The trajectory of a registered or called uid, opened now if it was only minted.
-fn ensure_open(
+async fn ensure_open(
     app: &App,
     tenant: &TenantId,
     uid: &str,
@@ -229,7 +232,9 @@ fn ensure_open(
         None => Err(ClawR1Error::Unknown(uid.to_owned())),
         Some(Some(id)) => Ok(id),
         Some(None) => {
-            let id = recorder.open_named(tenant, uid, group(app, prompt), agent_body);
+            let id = recorder
+                .open_named(tenant, uid, group(app, prompt), agent_body)
+                .await;
             app.claw_r1.opened(uid, id);
             Ok(id)
         }
@@ -238,7 +243,7 @@ fn ensure_open(
 
 /// Admits a `/v1` call under a Claw-R1 `base_url`: its session (the uid) once the uid is known
 /// to be `tenant`'s and its trajectory is open.
-pub fn admit_api(
+pub async fn admit_api(
     app: &App,
     tenant: &TenantId,
     uid: &SessionId,
@@ -247,7 +252,9 @@ pub fn admit_api(
     if !app.config.claw_r1.enabled {
         return Err(ClawR1Error::Disabled);
     }
-    ensure_open(app, tenant, uid.as_str(), prompt.as_str(), &Value::Null).map(|_| uid.clone())
+    ensure_open(app, tenant, uid.as_str(), prompt.as_str(), &Value::Null)
+        .await
+        .map(|_| uid.clone())
 }
 
 /// Answers init, register and complete.
@@ -264,8 +271,8 @@ pub async fn control(
         }
         match route {
             Route::Init => init(app, tenant, parts),
-            Route::Register(at) => register(app, &tenant, at, parse(&body)?),
-            Route::Complete(uid, _) => complete(app, &tenant, &uid, parse(&body)?),
+            Route::Register(at) => register(app, &tenant, at, parse(&body)?).await,
+            Route::Complete(uid, _) => complete(app, &tenant, &uid, parse(&body)?).await,
             Route::Api { .. } => Err(ClawR1Error::BadBody("not a control route".into())),
         }
     };
@@ -295,7 +302,7 @@ fn init(
 /// Claw-R1's channel of validation rollouts: recorded and scored, never trained on.
 const VALIDATION_CHANNEL: &str = "val";
 
-fn register(
+async fn register(
     app: &App,
     tenant: &TenantId,
     at: Option<(SessionId, SessionId)>,
@@ -313,16 +320,16 @@ fn register(
     }
     metadata.insert("prompt_uid".to_owned(), json!(prompt));
     let agent = json!({ "metadata": Value::Object(metadata) });
-    let id = ensure_open(app, tenant, &uid, &prompt, &agent)?;
+    let id = ensure_open(app, tenant, &uid, &prompt, &agent).await?;
     if validation {
         if let Some(recorder) = &app.recorder {
-            recorder.evaluation_only(id);
+            recorder.evaluation_only(tenant, id).await;
         }
     }
     ok(&json!({"status": "ok"}))
 }
 
-fn complete(
+async fn complete(
     app: &App,
     tenant: &TenantId,
     uid: &SessionId,
@@ -359,7 +366,9 @@ fn complete(
             labels,
         )]);
     }
-    recorder.complete(tenant, trajectory, CompletionReason::Handshake);
+    recorder
+        .complete(tenant, trajectory, CompletionReason::Handshake)
+        .await?;
     ok(&json!({"status": "ok"}))
 }
 

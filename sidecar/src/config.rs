@@ -162,13 +162,23 @@ pub struct Recording {
     /// A group whose rollouts have not all completed after this long is released as partial.
     #[serde(with = "humantime_serde")]
     pub group_timeout: Duration,
-    /// Records waiting for the writer; when full, new ones go to the overflow journal in
-    /// `data_dir` ([`crate::recorder::overflow`]), never waited on.
+    /// A call in flight for this long is taken for one whose replica died: it no longer holds
+    /// its trajectory open. Longer than any call (prefill, generation, `orphan_drain`).
+    #[serde(with = "humantime_serde")]
+    pub stale_call: Duration,
+    /// How long a call waits for the shared session state (Redis) before it goes on with this
+    /// replica's own; 0: as long as it takes. Retried meanwhile, so a restarting Redis is
+    /// ridden out ([`crate::session::shared`]).
+    #[serde(with = "humantime_serde")]
+    pub session_timeout: Duration,
+    /// Records the writer holds parsed in memory; every record is in the journal
+    /// ([`crate::recorder::journal`]) anyway, so past this the writer reads it back from there.
     pub queue_capacity: usize,
-    /// Most steps written to the store in one batch.
+    /// Most records written to the store in one batch.
     pub batch_max: usize,
-    /// Live trajectories remembered for stitching calls that carry no session id.
-    pub stitch_max_entries: usize,
+    /// Each record reaches the disk before the agent sees the end of its answer (survives a
+    /// machine crash; the page cache already survives a process crash).
+    pub journal_fsync: bool,
     /// Bytes of conversation kept for stateful Responses calls (`previous_response_id`), oldest
     /// first out ([`crate::session::responses`]).
     pub responses_max_bytes: usize,
@@ -326,9 +336,11 @@ impl Default for Config {
                 enabled: true,
                 idle_timeout: Duration::from_secs(600),
                 group_timeout: Duration::from_secs(1800),
+                stale_call: Duration::from_secs(3600),
+                session_timeout: Duration::from_millis(500),
                 queue_capacity: 8192,
                 batch_max: 256,
-                stitch_max_entries: 100_000,
+                journal_fsync: false,
                 responses_max_bytes: 64 << 20,
                 max_step_bytes: 8 << 20,
                 redact: Vec::new(),

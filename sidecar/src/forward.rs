@@ -172,7 +172,7 @@ impl Forwarder {
                     (recording, Answer::Messages) => {
                         // Not recorded (an error, or recording off), and still translated.
                         if let Some(pending) = recording {
-                            pending.abandon();
+                            pending.abandon().await;
                         }
                         let answer = if status.is_success() {
                             Answer::Messages
@@ -185,7 +185,7 @@ impl Forwarder {
                         ))
                     }
                     (Some(pending), _) => {
-                        pending.abandon();
+                        pending.abandon().await;
                         None
                     }
                     (None, _) => None,
@@ -195,7 +195,7 @@ impl Forwarder {
             }
             Err(e) => {
                 if let Some(pending) = recording {
-                    pending.abandon();
+                    pending.abandon().await;
                 }
                 Err(e)
             }

@@ -102,6 +102,8 @@ pub enum HandshakeError {
     RecordingOff,
     #[error("the datapool failed: {0}")]
     Store(#[from] clawback_datapool::Error),
+    #[error(transparent)]
+    Sessions(#[from] crate::session::shared::Unreachable),
     #[error("the export failed: {0}")]
     Export(String),
 }
@@ -116,7 +118,7 @@ impl HandshakeError {
             Self::OutOfScope(_) => StatusCode::FORBIDDEN,
             Self::BadBody(_) | Self::BadId(_) | Self::NoTenant => StatusCode::BAD_REQUEST,
             Self::RecordingOff => StatusCode::CONFLICT,
-            Self::Store(_) | Self::Export(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(_) | Self::Sessions(_) | Self::Export(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -133,6 +135,7 @@ impl HandshakeError {
             Self::StepNotFound(_) => "step_not_found",
             Self::RecordingOff => "recording_disabled",
             Self::Store(_) => "datapool_unavailable",
+            Self::Sessions(_) => "session_state_unreachable",
             Self::Export(_) => "export_failed",
         }
     }
@@ -189,7 +192,7 @@ pub async fn handle(
         let scope = app.admin.authorize(parts)?;
         let route = route.map_err(|()| HandshakeError::NoRoute(parts.uri.path().to_owned()))?;
         match route {
-            Route::Create => create(app, &scope, parts, parse(&body)?),
+            Route::Create => create(app, &scope, parts, parse(&body)?).await,
             Route::Get(id) => get(app, &scope, &id, query_param(parts, "tenant")).await,
             Route::List => listing::trajectories(app, &scope, parts).await,
             Route::Tenants => listing::tenants(app, &scope).await,
@@ -244,14 +247,30 @@ fn named_tenant(
 
 /// The tenant of trajectory `id`: the live trajectory's own, else the one named (or default).
 /// A trajectory outside the caller's scope is not found.
-fn tenant_for(
+async fn tenant_for(
     app: &App,
     scope: &Scope,
     id: &TrajectoryId,
     named: Option<String>,
 ) -> Result<TenantId, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
-    match (recorder.tenant_of(id), named) {
+    // Where a live trajectory may be: the tenant named, the caller's own, those configured and
+    // those with data.
+    let mut candidates: Vec<TenantId> = named
+        .as_deref()
+        .and_then(|n| TenantId::new(n).ok())
+        .into_iter()
+        .collect();
+    match scope {
+        Scope::Tenant(own) => candidates.push(own.clone()),
+        Scope::All => {
+            candidates.extend(app.tenants.known());
+            candidates.extend(recorder.tenants().await);
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    candidates.retain(|t| seen.insert(t.clone()));
+    match (recorder.tenant_of(id, candidates).await?, named) {
         (Some(live), Some(named)) if live.as_str() != named => {
             Err(HandshakeError::NotFound(id.to_string()))
         }
@@ -277,7 +296,7 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ProxyB
     response
 }
 
-fn create(
+async fn create(
     app: &App,
     scope: &Scope,
     parts: &request::Parts,
@@ -294,7 +313,7 @@ fn create(
             ))
         }
     };
-    let id = recorder.create(tenant.clone(), group, body.metadata);
+    let id = recorder.create(tenant.clone(), group, body.metadata).await;
     let root = public_root(app, parts);
     let mut created = json!({
         "trajectory_id": id.to_string(),
@@ -340,7 +359,7 @@ async fn get(
     tenant: Option<String>,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let id = trajectory_id(raw)?;
-    let tenant = tenant_for(app, scope, &id, tenant)?;
+    let tenant = tenant_for(app, scope, &id, tenant).await?;
     let record = stored(app, &tenant, &id)
         .await?
         .ok_or_else(|| HandshakeError::NotFound(raw.to_owned()))?;
@@ -381,8 +400,8 @@ async fn complete(
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let id = trajectory_id(raw)?;
-    let tenant = tenant_for(app, scope, &id, body.tenant)?;
-    let live = recorder.is_live(&tenant, &id);
+    let tenant = tenant_for(app, scope, &id, body.tenant).await?;
+    let live = recorder.is_live(&tenant, &id).await?;
     if !live && stored(app, &tenant, &id).await?.is_none() {
         return Err(HandshakeError::NotFound(raw.to_owned()));
     }
@@ -408,7 +427,9 @@ async fn complete(
         recorder.enqueue_evaluations(vec![evaluation]);
     }
     let status = if live {
-        recorder.complete(&tenant, id, CompletionReason::Handshake);
+        recorder
+            .complete(&tenant, id, CompletionReason::Handshake)
+            .await?;
         "completing"
     } else {
         "already_completed"
@@ -427,7 +448,7 @@ async fn feedback(
 ) -> Result<Response<ProxyBody>, HandshakeError> {
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let id = trajectory_id(raw)?;
-    let tenant = tenant_for(app, scope, &id, body.tenant)?;
+    let tenant = tenant_for(app, scope, &id, body.tenant).await?;
     if body.reward.is_none() && body.hint.is_none() && body.label.is_none() {
         return Err(HandshakeError::BadBody(
             "give at least one of reward, hint, label".to_owned(),
@@ -462,7 +483,7 @@ async fn feedback(
         }
     };
     if step.is_none()
-        && !recorder.is_live(&tenant, &id)
+        && !recorder.is_live(&tenant, &id).await?
         && stored(app, &tenant, &id).await?.is_none()
     {
         return Err(HandshakeError::NotFound(raw.to_owned()));

@@ -73,6 +73,11 @@ pub struct ReasonLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SessionOpLabels {
+    pub op: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LevelLabels {
     pub level: &'static str,
 }
@@ -145,7 +150,12 @@ pub struct Metrics {
     pub capture_findings: Family<FindingLabels, Counter>,
     pub records_dropped: Family<ReasonLabels, Counter>,
     pub records_spilled: Counter,
+    pub records_replayed: Counter,
     pub recorder_queue: Gauge,
+    pub journal_append: Histogram,
+    pub end_of_response_wait: Histogram,
+    pub session_state: HistogramFamily<SessionOpLabels>,
+    pub session_fallbacks: Family<SessionOpLabels, Counter>,
     pub store_errors: Family<StoreErrorLabels, Counter>,
     pub trajectories_started: Counter,
     pub trajectories_completed: Family<ReasonLabels, Counter>,
@@ -259,8 +269,39 @@ impl Metrics {
         let records_spilled = Counter::default();
         registry.register(
             "records_spilled",
-            "Recorder writes that found the queue full and went to the overflow journal (none lost)",
+            "Recorder writes the writer's queue had no room for: only in the journal, read back from it (none lost)",
             records_spilled.clone(),
+        );
+        let records_replayed = Counter::default();
+        registry.register(
+            "records_replayed",
+            "Journal records the writer read back from the file: spilled ones, and a killed process's unfinished work",
+            records_replayed.clone(),
+        );
+        let journal_append = overhead_buckets();
+        registry.register(
+            "journal_append_seconds",
+            "Appending one call's writes to the journal (page cache, or disk with journal_fsync)",
+            journal_append.clone(),
+        );
+        let end_of_response_wait = overhead_buckets();
+        registry.register(
+            "end_of_response_wait_seconds",
+            "How long the end of a recorded response waited for its step to be numbered in the session state and journaled",
+            end_of_response_wait.clone(),
+        );
+        let session_state: HistogramFamily<SessionOpLabels> =
+            Family::new_with_constructor(overhead_buckets);
+        registry.register(
+            "session_state_seconds",
+            "Operations on the shared session state (a Redis script, or a SQLite transaction), by operation",
+            session_state.clone(),
+        );
+        let session_fallbacks = Family::<SessionOpLabels, Counter>::default();
+        registry.register(
+            "session_fallbacks",
+            "Session operations that went to this replica's own state because the shared one did not answer in time",
+            session_fallbacks.clone(),
         );
         let records_dropped = Family::<ReasonLabels, Counter>::default();
         registry.register(
@@ -337,6 +378,11 @@ impl Metrics {
             steps_stored,
             records_dropped,
             records_spilled,
+            records_replayed,
+            journal_append,
+            end_of_response_wait,
+            session_state,
+            session_fallbacks,
             recorder_queue,
             store_errors,
             trajectories_started,

@@ -4,11 +4,18 @@
 //! It runs detached from the client's connection on purpose: an agent that disconnects mid-stream
 //! must not cancel the upstream call, because the completed call is what gets recorded. Once the
 //! client is gone the body is still driven to the end, bounded by `orphan_drain`.
+//!
+//! A recorded answer's end reaches the agent only once its step is recorded (numbered in the
+//! shared session state, in the journal): from the event that tells a client its answer is
+//! whole (`[DONE]`, `message_stop`, `response.completed`) on, frames are held until the record
+//! is written — and a plain body's last frame with them. So a process killed at any moment loses
+//! no answer an agent has, and the agent's next call, on any replica, finds this one.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -33,11 +40,16 @@ pub enum RelayEnd {
     OrphanCut,
 }
 
+/// What a tap does with a response once its body has ended; the relay awaits it before the
+/// agent sees the end of the answer.
+pub type Record = Box<dyn FnOnce(Recorded) -> BoxFuture<'static, ()> + Send + Sync>;
+
 /// The recording side of a relay: the capture that strips what the sidecar injected and
 /// assembles the response, and what to do with the result once the body has ended.
 pub struct Tap {
     pub capture: crate::capture::ResponseCapture,
-    pub record: Box<dyn FnOnce(Recorded) + Send + Sync>,
+    /// `None`: the answer is only translated, nothing is recorded.
+    pub record: Option<Record>,
 }
 
 impl Tap {
@@ -45,7 +57,7 @@ impl Tap {
     pub fn translating(capture: crate::capture::Capture, is_sse: bool) -> Self {
         Self {
             capture: capture.response(is_sse),
-            record: Box::new(|_| {}),
+            record: None,
         }
     }
 }
@@ -92,6 +104,8 @@ where
         let mut client_gone_deadline: Option<Instant> = None;
         let mut orphan_permit = None;
         let mut first_byte_at = None;
+        // Frames that wait for the record (see the module docs).
+        let mut held: Vec<Frame<Bytes>> = Vec::new();
         let end = loop {
             let wait = match client_gone_deadline {
                 Some(deadline) => self
@@ -131,6 +145,25 @@ where
                 (_, Err(frame)) => frame,
             };
             self.at_event_boundary = frame.data_ref().is_none_or(|d| d.ends_with(b"\n\n"));
+            let frame = match self.tap.as_ref().filter(|tap| tap.record.is_some()) {
+                // A stream's end, and whatever follows it, waits for the record.
+                Some(tap) if self.is_sse && (tap.capture.answered() || !held.is_empty()) => {
+                    held.push(frame);
+                    continue;
+                }
+                // A plain body goes out one frame behind: its last frame waits for the record.
+                Some(_) if !self.is_sse => match held.pop() {
+                    Some(previous) => {
+                        held.push(frame);
+                        previous
+                    }
+                    None => {
+                        held.push(frame);
+                        continue;
+                    }
+                },
+                _ => frame,
+            };
             match client_gone_deadline {
                 None => {
                     // A client that stops reading (its socket full) is treated as gone once it
@@ -158,21 +191,25 @@ where
         };
         if let Some(tap) = self.tap.take() {
             let finished = tap.capture.finish();
-            if let Some(tail) = finished.tail {
-                if client_gone_deadline.is_none() {
-                    let _ = tokio::time::timeout(
-                        self.client_write,
-                        self.tx.send(Ok(Frame::data(tail))),
-                    )
-                    .await;
+            if let Some(record) = tap.record {
+                record(Recorded {
+                    assembled: finished.assembled,
+                    end: end.clone(),
+                    first_byte_at,
+                    truncated: finished.truncated,
+                })
+                .await;
+            }
+            held.extend(finished.tail.map(Frame::data));
+            if client_gone_deadline.is_none() {
+                for frame in held.drain(..) {
+                    let sent =
+                        tokio::time::timeout(self.client_write, self.tx.send(Ok(frame))).await;
+                    if !matches!(sent, Ok(Ok(()))) {
+                        break;
+                    }
                 }
             }
-            (tap.record)(Recorded {
-                assembled: finished.assembled,
-                end: end.clone(),
-                first_byte_at,
-                truncated: finished.truncated,
-            });
         }
         self.finish(&end).await;
         drop(orphan_permit);

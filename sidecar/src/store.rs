@@ -1,11 +1,15 @@
 //! Opens the datapool the recorder writes to: Redis behind a local spool when `redis` is set
 //! (an outage never loses a served step: it waits in the spool and is replayed in order), else
-//! the embedded SQLite store in `data_dir`, which a trainer on the same machine reads too.
+//! the embedded SQLite store in `data_dir`, which a trainer on the same machine reads too — and
+//! the session state the replicas share: in Redis, or in a SQLite file of its own in `data_dir`
+//! (replicas on one machine that share `data_dir` share it).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clawback_datapool::{LocalStore, RedisConfig, RedisStore, SpoolConfig, SpooledStore, Store};
+use clawback_datapool::{
+    LocalSessions, LocalStore, RedisConfig, RedisStore, Sessions, SpoolConfig, SpooledStore, Store,
+};
 
 use crate::config::Config;
 
@@ -13,6 +17,17 @@ use crate::config::Config;
 pub const LOCAL_FILE: &str = "clawback.sqlite3";
 /// File name of the Redis spool inside `data_dir`.
 pub const SPOOL_FILE: &str = "spool.sqlite3";
+/// File name of the embedded session state inside `data_dir`.
+pub const SESSIONS_FILE: &str = "sessions.sqlite3";
+
+/// The datapool: where steps go, and the session state replicas share.
+#[derive(Clone)]
+pub struct Datapool {
+    pub store: Arc<dyn Store>,
+    pub sessions: Arc<dyn Sessions>,
+    /// Whether `sessions` is reached over the network (a timeout applies to it).
+    pub remote_sessions: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -26,15 +41,17 @@ pub enum OpenError {
     Datapool(#[from] clawback_datapool::Error),
 }
 
-pub async fn open(config: &Config) -> Result<Arc<dyn Store>, OpenError> {
+pub async fn open(config: &Config) -> Result<Datapool, OpenError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|source| OpenError::DataDir {
         dir: config.data_dir.clone(),
         source,
     })?;
     match &config.redis {
-        None => Ok(Arc::new(LocalStore::open(
-            config.data_dir.join(LOCAL_FILE),
-        )?)),
+        None => Ok(Datapool {
+            store: Arc::new(LocalStore::open(config.data_dir.join(LOCAL_FILE))?),
+            sessions: Arc::new(LocalSessions::open(config.data_dir.join(SESSIONS_FILE))?),
+            remote_sessions: false,
+        }),
         Some(url) => {
             let redis_config = if config.redis_cluster {
                 RedisConfig::cluster(url.split(',').map(str::trim).filter(|u| !u.is_empty()))
@@ -43,9 +60,12 @@ pub async fn open(config: &Config) -> Result<Arc<dyn Store>, OpenError> {
             };
             let redis = RedisStore::connect(&redis_config).await?;
             let spool = LocalStore::open(config.data_dir.join(SPOOL_FILE))?;
-            Ok(Arc::new(
-                SpooledStore::new(redis, spool, SpoolConfig::default()).await?,
-            ))
+            let store = Arc::new(SpooledStore::new(redis, spool, SpoolConfig::default()).await?);
+            Ok(Datapool {
+                store: Arc::clone(&store) as Arc<dyn Store>,
+                sessions: store,
+                remote_sessions: true,
+            })
         }
     }
 }

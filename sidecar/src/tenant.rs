@@ -70,6 +70,19 @@ impl TenantResolver {
         })
     }
 
+    /// The tenants this configuration names (the default and those of API keys).
+    pub fn known(&self) -> Vec<TenantId> {
+        let mut known: Vec<TenantId> = self
+            .default
+            .iter()
+            .chain(self.by_key_hash.values())
+            .cloned()
+            .collect();
+        known.sort();
+        known.dedup();
+        known
+    }
+
     /// Whether calls may belong to more than one tenant (API keys or a trusted tenant header):
     /// then what the engine keeps for one tenant (stored responses) must not be named by another.
     pub fn is_shared(&self) -> bool {

@@ -145,6 +145,12 @@ impl Assembler {
         }
     }
 
+    /// Whether the answer's end arrived (`[DONE]`, `message_stop`, `response.completed`, a whole
+    /// body) — whatever else the connection still sends.
+    pub fn is_complete(&self) -> bool {
+        self.ending == Ending::Complete
+    }
+
     /// `data: [DONE]`: a chat or completions stream ended as it should.
     pub fn on_done(&mut self) {
         if self.ending == Ending::Truncated {

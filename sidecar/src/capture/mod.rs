@@ -215,6 +215,13 @@ impl ResponseCapture {
         !self.injected.is_empty() || self.translation.is_some()
     }
 
+    /// Whether the frames taken in so far hold the end of the answer — what tells an agent
+    /// that it has its answer (`[DONE]`, `message_stop`, `response.completed`). Known only while
+    /// the answer is assembled (within the step cap).
+    pub fn answered(&self) -> bool {
+        self.assembler.is_complete()
+    }
+
     /// Takes in one frame of the upstream body and says what to send the agent for it.
     pub fn on_frame(&mut self, frame: &Bytes) -> Forward {
         self.seen = self.seen.saturating_add(frame.len());

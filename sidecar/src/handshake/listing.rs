@@ -130,10 +130,17 @@ pub(super) async fn trajectories(
     let tenant = named_tenant(app, scope, query_param(parts, "tenant"))?;
     let keep = limit(parts, LIST_DEFAULT, LIST_MAX)?;
     let (headers, complete) = newest(recorder.store().as_ref(), &tenant, keep).await?;
+    let live = futures_util::future::join_all(
+        headers
+            .iter()
+            .map(|trajectory| recorder.is_live(&tenant, &trajectory.id)),
+    )
+    .await;
     let listed: Vec<Listed> = headers
         .into_iter()
-        .map(|trajectory| Listed {
-            live: recorder.is_live(&tenant, &trajectory.id),
+        .zip(live)
+        .map(|(trajectory, live)| Listed {
+            live: live.unwrap_or(false),
             trajectory,
         })
         .collect();

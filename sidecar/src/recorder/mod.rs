@@ -1,40 +1,46 @@
 //! The recorder: turns served model calls into trajectory steps, off the request path.
 //!
-//! A call meets it twice. [`Recorder::begin`], before forwarding, decides the trajectory (the
-//! call's own session hints, or a new one) and records what the call adds after the previous
-//! reply as that previous step's next state. [`Recorder::finish`], once the upstream response
-//! was read to its end — also when the agent left — builds the [`Step`] and queues it.
+//! A call meets it twice. [`Recorder::begin`], before forwarding, asks the session state which
+//! trajectory the call joins (its own session hints, stitching, or a new one) and notes what the
+//! call adds after the previous reply: that previous step's next state. [`Recorder::finish`],
+//! once the upstream response was read to its end — also when the agent left — numbers the
+//! [`Step`] in the session state and journals it with the rest of the call's writes, before the
+//! relay lets the agent see the end of its answer.
 //!
-//! Nothing here waits on storage: writes go to a bounded queue drained by [`writer`]; when the
-//! queue is full the write is dropped and counted, never waited for. Live trajectories are kept
-//! in memory (a few hundred bytes each) until they complete — by the done header, the handshake
-//! API, or [`Recording::idle_timeout`](crate::config::Recording) without a call.
+//! Session state is shared by every replica of a pool ([`crate::session::shared`]): any replica
+//! continues any session, a completion is written by exactly one of them, and the idle sweep of
+//! every replica finishes each idle trajectory once. Writes go to the [`journal`] and from there
+//! to the datapool through the [`writer`]; nothing waits on the datapool, and nothing a served
+//! call wrote is lost when the process is killed.
 
-pub mod overflow;
+pub mod journal;
 pub mod redact;
 pub mod request;
+pub mod sink;
 pub mod throttle;
 pub mod writer;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
-    AssistantOutput, Capture, Complete, CompletionReason, Endpoint, GroupId, GroupMembership,
-    NextState, PolicyRef, Step, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory,
-    TrajectoryId, UnixMs, UpstreamRef, Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
+    Anchor, AssistantOutput, Capture, Complete, CompletionReason, Endpoint, Finish, Finishing,
+    GroupId, GroupMembership, Join, NextState, PolicyRef, Step, StepDone, StepId, StepRequest,
+    Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs, UpstreamRef, Usage,
+    WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
 };
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::capture::Ending;
 use crate::config::Recording;
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::relay::{Recorded, RelayEnd, Tap};
 use crate::session::explicit::Hints;
-use crate::session::{CallKeys, Lookup, RequestKeys, StitchConfig, Stitcher};
+use crate::session::shared::Unreachable;
+use crate::session::{CallKeys, Continuation, Held, RequestKeys, SessionState};
 use redact::Redactor;
+use sink::Sink;
 use writer::Message;
 
 /// A model call on its way through the sidecar, as far as the recorder is concerned.
@@ -42,6 +48,8 @@ use writer::Message;
 pub struct Call {
     pub tenant: TenantId,
     pub trajectory: TrajectoryId,
+    /// The id its step gets; the call is in flight on its trajectory under it.
+    pub step: StepId,
     pub endpoint: Endpoint,
     pub request: StepRequest,
     /// The conversation as the agent sent it, kept only when redaction changed what is stored:
@@ -58,6 +66,13 @@ pub struct Call {
     pub redacted: bool,
     /// A Responses call: what its response id will stand for.
     pub responses: Option<crate::session::responses::Turn>,
+    /// Where its trajectory's session state lives.
+    pub held: Held,
+    /// The step's index should the session state not answer at the end.
+    pub index_guess: u32,
+    /// Writes that land with the call's step: its trajectory's header when the call opened it,
+    /// the previous step's next state.
+    pub leading: Vec<WriteOp>,
 }
 
 /// What the upstream answered, assembled whole.
@@ -92,8 +107,8 @@ pub struct Pending {
 
 impl Pending {
     /// The call got no step (no upstream answered, or it answered an error).
-    pub fn abandon(self) {
-        self.recorder.abandon(&self.call);
+    pub async fn abandon(self) {
+        self.recorder.abandon(self.call).await;
     }
 
     /// The relay's tap: strips and assembles the response, then records the step.
@@ -113,26 +128,28 @@ impl Pending {
             capture: capture
                 .response(is_sse)
                 .with_limit(recorder.config.max_step_bytes),
-            record: Box::new(move |recorded: Recorded| {
-                let assembled = recorded.assembled;
-                let complete = recorded.end == RelayEnd::Complete
-                    && assembled.ending == Ending::Complete
-                    && !recorded.truncated;
-                let outcome = Outcome {
-                    output: assembled.output,
-                    tokens: assembled.engine.map_or(Tokens::None, Tokens::Engine),
-                    finish_reason: assembled.finish_reason,
-                    usage: assembled.usage,
-                    upstream,
-                    first_token_at: recorded.first_byte_at,
-                    finished_at: UnixMs::now(),
-                    response_id: assembled.response_id,
-                    logprobs_without_ids: !assembled.logprobs_without_ids.is_empty(),
-                    complete,
-                    truncated: recorded.truncated,
-                };
-                recorder.finish(call, outcome);
-            }),
+            record: Some(Box::new(move |recorded: Recorded| {
+                Box::pin(async move {
+                    let assembled = recorded.assembled;
+                    let complete = recorded.end == RelayEnd::Complete
+                        && assembled.ending == Ending::Complete
+                        && !recorded.truncated;
+                    let outcome = Outcome {
+                        output: assembled.output,
+                        tokens: assembled.engine.map_or(Tokens::None, Tokens::Engine),
+                        finish_reason: assembled.finish_reason,
+                        usage: assembled.usage,
+                        upstream,
+                        first_token_at: recorded.first_byte_at,
+                        finished_at: UnixMs::now(),
+                        response_id: assembled.response_id,
+                        logprobs_without_ids: !assembled.logprobs_without_ids.is_empty(),
+                        complete,
+                        truncated: recorded.truncated,
+                    };
+                    recorder.finish(call, outcome).await;
+                })
+            })),
         }
     }
 }
@@ -142,43 +159,15 @@ pub enum StartError {
     #[error("`recording.redact`: {0}")]
     Redact(#[from] regex::Error),
     #[error(transparent)]
-    Overflow(#[from] overflow::OverflowError),
-}
-
-/// A trajectory that may still get calls.
-#[derive(Debug)]
-struct Live {
-    tenant: TenantId,
-    /// The agent's name for it (path, header or body session id), if it gave one.
-    name: Option<String>,
-    next_index: u32,
-    last_step: Option<StepId>,
-    /// Messages of the last call plus its reply: what the next call repeats as history.
-    covered: usize,
-    last_seen: Instant,
-    in_flight: u32,
-    /// A completion asked for while calls were in flight; runs when the last one is recorded.
-    complete_after: Option<CompletionReason>,
-    /// Its calls are recorded and never trained on (a Claw-R1 validation rollout).
-    evaluation_only: bool,
-}
-
-#[derive(Debug, Default)]
-struct Sessions {
-    live: HashMap<TrajectoryId, Live>,
-    by_name: HashMap<(TenantId, String), TrajectoryId>,
-    /// Tenants with groups, whose group timeouts the sweeper checks.
-    tenants_with_groups: HashSet<TenantId>,
+    Journal(#[from] journal::JournalError),
+    #[error("the local session state: {0}")]
+    Sessions(#[from] clawback_datapool::Error),
 }
 
 pub struct Recorder {
     config: Recording,
-    drop_log: Arc<throttle::LogThrottle>,
-    stitcher: Mutex<Stitcher>,
-    queue: mpsc::Sender<Message>,
-    /// Where writes go past a full queue ([`overflow`]).
-    overflow: Arc<overflow::Overflow>,
-    sessions: Mutex<Sessions>,
+    sessions: SessionState,
+    sink: Sink,
     redactor: Redactor,
     metrics: Arc<Metrics>,
     store: Arc<dyn Store>,
@@ -188,45 +177,56 @@ pub struct Recorder {
     responses: crate::session::responses::StoredResponses,
 }
 
-/// Why a trajectory ends, as the store records it.
-fn reason_label(reason: CompletionReason) -> &'static str {
-    match reason {
-        CompletionReason::Handshake => "handshake",
-        CompletionReason::DoneHeader => "done_header",
-        CompletionReason::IdleTimeout => "idle_timeout",
-    }
-}
+/// Trajectories one sweep finishes per tenant at most (the next sweep takes the rest).
+const SWEEP_LIMIT: usize = 1000;
 
 impl Recorder {
-    /// Starts the writer; [`Recorder::close`] stops it once everything queued is written.
+    /// Takes a journal in `data_dir` and starts the writer, which first applies whatever a
+    /// killed predecessor left in it; [`Recorder::close`] stops it once everything is written.
     pub fn start(
         config: Recording,
-        store: Arc<dyn Store>,
+        datapool: crate::store::Datapool,
         metrics: Arc<Metrics>,
         data_dir: &std::path::Path,
     ) -> Result<Arc<Self>, StartError> {
+        let crate::store::Datapool {
+            store,
+            sessions,
+            remote_sessions,
+        } = datapool;
         let (queue, rx) = mpsc::channel(config.queue_capacity.max(1));
-        let overflow = Arc::new(overflow::Overflow::open(data_dir)?);
-        tokio::spawn(writer::run(
-            Arc::clone(&store),
-            rx,
-            Arc::clone(&overflow),
-            config.batch_max.max(1),
-            Arc::clone(&metrics),
-        ));
+        let journal = Arc::new(journal::Journal::open(data_dir, config.journal_fsync)?);
+        let spilled = Arc::new(Notify::new());
+        tokio::spawn(
+            writer::Writer {
+                store: Arc::clone(&store),
+                journal: Arc::clone(&journal),
+                spilled: Arc::clone(&spilled),
+                batch_max: config.batch_max.max(1),
+                metrics: Arc::clone(&metrics),
+            }
+            .run(rx),
+        );
+        let timing = clawback_datapool::Timing {
+            idle: config.idle_timeout,
+            stale_call: config.stale_call,
+        };
+        // A SQLite file has no network to wait out: its operations run to their end.
+        let timeout = (remote_sessions && !config.session_timeout.is_zero())
+            .then_some(config.session_timeout);
+        let sessions = SessionState::new(sessions, timing, timeout, Arc::clone(&metrics))?;
         let config_responses_max_bytes = config.responses_max_bytes;
-        let stitcher = Stitcher::new(StitchConfig {
-            max_entries: config.stitch_max_entries.max(1),
-            ttl: config.idle_timeout,
-        });
         let recorder = Arc::new(Self {
-            stitcher: Mutex::new(stitcher),
-            drop_log: Arc::new(throttle::LogThrottle::new(Duration::from_secs(5))),
+            sink: Sink {
+                journal,
+                queue,
+                spilled,
+                metrics: Arc::clone(&metrics),
+                errors: Arc::new(throttle::LogThrottle::new(Duration::from_secs(5))),
+            },
             redactor: Redactor::new(&config.redact)?,
             config,
-            queue,
-            overflow,
-            sessions: Mutex::new(Sessions::default()),
+            sessions,
             metrics,
             store,
             filters: OnceLock::new(),
@@ -249,36 +249,14 @@ impl Recorder {
         let _ = self.filters.set(filters);
     }
 
-    fn sessions(&self) -> MutexGuard<'_, Sessions> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn stitcher(&self) -> MutexGuard<'_, Stitcher> {
-        self.stitcher.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Queues a write without waiting; a full queue drops it (counted).
-    fn enqueue(&self, op: WriteOp) {
-        send(
-            &self.queue,
-            &self.overflow,
-            &self.metrics,
-            &self.drop_log,
-            op,
-        );
-    }
-
-    /// Queues evaluations (explicit feedback now; the filters' scores later).
+    /// Records evaluations (explicit feedback now; the filters' scores later).
     pub fn enqueue_evaluations(&self, evaluations: Vec<clawback_datapool::Evaluation>) {
-        self.enqueue(WriteOp::AppendEvaluations { evaluations });
+        self.sink
+            .write(vec![WriteOp::AppendEvaluations { evaluations }]);
     }
 
-    fn dropped(&self, reason: &'static str) {
-        count_drop(&self.metrics, reason);
-    }
-
-    /// Decides the call's trajectory and records the previous step's next state.
-    pub fn begin(
+    /// Decides the call's trajectory and notes the previous step's next state.
+    pub async fn begin(
         &self,
         tenant: TenantId,
         hints: &Hints,
@@ -288,111 +266,95 @@ impl Recorder {
     ) -> Call {
         let recorded = request::recorded(endpoint, body);
         let history = request::messages(endpoint, &recorded);
-        // A call that names no session may continue one by its history. Hashing happens before
-        // any lock is taken.
-        let stitched = match (&hints.session, &hints.continues) {
-            (Some(_), _) | (_, Some(_)) => None,
+        let anchor = match (&hints.session, &hints.continues) {
+            (Some((name, _)), _) => Anchor::Name(name.clone()),
+            (None, Some(continues)) => Anchor::Trajectory(continues.trajectory),
             (None, None) => {
+                // Hashing happens before any lock or round trip.
                 let keys = RequestKeys::of(&tenant, &history);
-                match self.stitcher().lookup_keys(&keys) {
-                    Lookup::Continues(continuation) => Some(continuation),
-                    Lookup::New | Lookup::Ambiguous => None,
+                if keys.is_empty() {
+                    Anchor::New
+                } else {
+                    Anchor::Prefixes(keys.prefixes())
                 }
             }
         };
         let unredacted = (!self.redactor.is_empty()).then(|| history.clone());
         let mut request = request::step_request(history, &recorded);
         let redacted = self.redactor.request(&mut request);
-        let history = unredacted.as_deref().unwrap_or(&request.messages);
-        let mut sessions = self.sessions();
-        let known = match (&hints.session, &stitched) {
-            (Some((name, _)), _) => sessions
-                .by_name
-                .get(&(tenant.clone(), name.clone()))
-                .copied(),
-            (None, Some(continuation)) => Some(continuation.trajectory),
-            (None, None) => hints.continues.as_ref().map(|c| c.trajectory),
-        }
-        .filter(|id| {
-            sessions
-                .live
-                .get(id)
-                .is_some_and(|live| live.tenant == tenant)
-        });
-        let trajectory = match known {
-            Some(id) => id,
-            None => self.open(&mut sessions, &tenant, hints, MetadataOrigin::Agent(body)),
+        let step = StepId::new();
+        let join = Join {
+            tenant: tenant.clone(),
+            anchor,
+            call: Some(step),
+            open: TrajectoryId::new(),
+            now: UnixMs::now(),
         };
-        let mut next_state = None;
-        let mut evaluation_only = false;
-        if let Some(live) = sessions.live.get_mut(&trajectory) {
-            evaluation_only = live.evaluation_only;
-            live.last_seen = Instant::now();
-            live.in_flight += 1;
-            if let Some(step) = live.last_step {
-                let added = match (&stitched, &hints.continues) {
-                    (_, Some(continues)) if known.is_some() => {
-                        let mut added = continues.next_state.clone();
-                        added.iter_mut().for_each(|m| {
-                            self.redactor.value(m);
-                        });
-                        added
-                    }
-                    (Some(continuation), _) if known.is_some() => {
-                        let mut added = continuation.next_state(history).to_vec();
-                        added.iter_mut().for_each(|m| {
-                            self.redactor.value(m);
-                        });
-                        added
-                    }
-                    _ => added_messages(&request.messages, live.covered),
-                };
-                next_state = Some((step, added));
-            }
+        let (joined, held) = self.sessions.join(&join).await;
+        let mut leading = Vec::new();
+        if joined.opened {
+            let trajectory = self.opened(
+                &tenant,
+                joined.trajectory,
+                hints,
+                MetadataOrigin::Agent(body),
+            );
+            leading.push(WriteOp::UpsertTrajectory { trajectory });
         }
-        drop(sessions);
-        if let Some((step, messages)) = next_state {
+        if let Some(previous) = joined.previous {
+            let history = unredacted.as_deref().unwrap_or(&request.messages);
+            let mut added = match (Continuation::of(&joined), &hints.continues) {
+                (_, Some(continues)) if continues.trajectory == joined.trajectory => {
+                    continues.next_state.clone()
+                }
+                (Some(continuation), _) => continuation.next_state(history).to_vec(),
+                _ => added_messages(&request.messages, previous.covered as usize),
+            };
+            added.iter_mut().for_each(|m| {
+                self.redactor.value(m);
+            });
             let next_state = NextState {
-                messages,
+                messages: added,
                 observed_at: UnixMs::now(),
             };
             if let Some(filters) = self.filters.get() {
-                filters.next_state(trajectory, step, &next_state);
+                filters.next_state(joined.trajectory, previous.step, &next_state);
             }
-            self.enqueue(WriteOp::SetNextState {
+            leading.push(WriteOp::SetNextState {
                 tenant: tenant.clone(),
-                trajectory,
-                step,
+                trajectory: joined.trajectory,
+                step: previous.step,
                 next_state,
             });
         }
         Call {
             tenant,
-            trajectory,
+            trajectory: joined.trajectory,
+            step,
             endpoint,
             request,
             unredacted,
-            trainable: !hints.side_turn && !evaluation_only,
+            trainable: !hints.side_turn && !joined.evaluation_only,
             done: hints.done,
             started_at: UnixMs::now(),
             traceparent,
             policy: None,
             redacted,
             responses: None,
+            held,
+            index_guess: joined.next_index,
+            leading,
         }
     }
 
-    /// Opens a new trajectory for a call (and its group, on first sight).
-    fn open(
+    /// The header of a trajectory just opened (and its group, on first sight).
+    fn opened(
         &self,
-        sessions: &mut Sessions,
         tenant: &TenantId,
+        id: TrajectoryId,
         hints: &Hints,
         origin: MetadataOrigin<'_>,
-    ) -> TrajectoryId {
-        // Always a fresh id: a session name that was a trajectory id (the handshake's base_url,
-        // used again after completion) must not append to a finished trajectory.
-        let id = TrajectoryId::new();
+    ) -> Trajectory {
         let mut trajectory = Trajectory::open(tenant.clone(), id);
         if let Some((name, source)) = &hints.session {
             trajectory
@@ -401,7 +363,6 @@ impl Recorder {
             trajectory
                 .metadata
                 .insert("session_source".to_owned(), json!(source.as_str()));
-            sessions.by_name.insert((tenant.clone(), name.clone()), id);
         }
         match origin {
             MetadataOrigin::Trusted(metadata) => {
@@ -422,95 +383,91 @@ impl Recorder {
             }
         }
         if let Some((group, size)) = &hints.group {
-            let group_id = named_group(tenant, group);
-            sessions.tenants_with_groups.insert(tenant.clone());
             trajectory.metadata.insert("group".to_owned(), json!(group));
             trajectory.group = Some(GroupMembership {
-                id: group_id,
+                id: named_group(tenant, group),
                 size: *size,
             });
         }
-        sessions.live.insert(
-            id,
-            Live {
-                tenant: tenant.clone(),
-                name: hints.session.as_ref().map(|(name, _)| name.clone()),
-                next_index: 0,
-                last_step: None,
-                covered: 0,
-                last_seen: Instant::now(),
-                in_flight: 0,
-                complete_after: None,
-                evaluation_only: false,
-            },
-        );
         self.metrics.trajectories_started.inc();
         if let Some(filters) = self.filters.get() {
             filters.opened(&trajectory);
         }
-        self.enqueue(WriteOp::UpsertTrajectory { trajectory });
-        id
+        trajectory
     }
 
     /// Opens a trajectory from the handshake API; calls name it by its id.
-    pub fn create(
+    pub async fn create(
         &self,
         tenant: TenantId,
         group: Option<(String, u32)>,
         metadata: Map<String, Value>,
     ) -> TrajectoryId {
+        let id = TrajectoryId::new();
+        let join = Join {
+            tenant: tenant.clone(),
+            anchor: Anchor::Name(id.to_string()),
+            call: None,
+            open: id,
+            now: UnixMs::now(),
+        };
+        self.sessions.join(&join).await;
         let hints = Hints {
             group,
             ..Hints::default()
         };
-        let mut sessions = self.sessions();
-        let id = self.open(
-            &mut sessions,
-            &tenant,
-            &hints,
-            MetadataOrigin::Trusted(&metadata),
-        );
-        sessions.by_name.insert((tenant, id.to_string()), id);
+        let trajectory = self.opened(&tenant, id, &hints, MetadataOrigin::Trusted(&metadata));
+        self.sink
+            .write(vec![WriteOp::UpsertTrajectory { trajectory }]);
         id
     }
 
     /// The live trajectory `tenant`'s calls name `name` (a path-form session), opened with
     /// `group` and the agent's `body["metadata"]` when there is none yet. What a Claw-R1
     /// black-box session registers before its first call ([`crate::claw_r1`]).
-    pub fn open_named(
+    pub async fn open_named(
         &self,
         tenant: &TenantId,
         name: &str,
         group: Option<(String, u32)>,
         body: &Value,
     ) -> TrajectoryId {
-        let mut sessions = self.sessions();
-        let key = (tenant.clone(), name.to_owned());
-        let live = sessions
-            .by_name
-            .get(&key)
-            .copied()
-            .filter(|id| sessions.live.get(id).is_some_and(|l| l.tenant == *tenant));
-        if let Some(id) = live {
-            return id;
-        }
-        let hints = Hints {
-            session: Some((name.to_owned(), crate::session::explicit::Source::Path)),
-            group,
-            ..Hints::default()
+        let join = Join {
+            tenant: tenant.clone(),
+            anchor: Anchor::Name(name.to_owned()),
+            call: None,
+            open: TrajectoryId::new(),
+            now: UnixMs::now(),
         };
-        self.open(&mut sessions, tenant, &hints, MetadataOrigin::Agent(body))
+        let (joined, _) = self.sessions.join(&join).await;
+        if joined.opened {
+            let hints = Hints {
+                session: Some((name.to_owned(), crate::session::explicit::Source::Path)),
+                group,
+                ..Hints::default()
+            };
+            let trajectory = self.opened(
+                tenant,
+                joined.trajectory,
+                &hints,
+                MetadataOrigin::Agent(body),
+            );
+            self.sink
+                .write(vec![WriteOp::UpsertTrajectory { trajectory }]);
+        }
+        joined.trajectory
     }
 
     /// Marks live `trajectory` as one whose calls are recorded and never trained on.
-    pub fn evaluation_only(&self, trajectory: TrajectoryId) {
-        if let Some(live) = self.sessions().live.get_mut(&trajectory) {
-            live.evaluation_only = true;
-        }
+    pub async fn evaluation_only(&self, tenant: &TenantId, trajectory: TrajectoryId) {
+        self.sessions.set_evaluation_only(tenant, &trajectory).await;
     }
 
-    /// Records the step of a call whose response was read to its end.
-    pub fn finish(&self, call: Call, outcome: Outcome) {
+    /// Records the step of a call whose response was read to its end. Returns once the step is
+    /// journaled: the relay holds the end of the answer back until then.
+    pub async fn finish(&self, call: Call, outcome: Outcome) {
+        let waited = Instant::now();
+        let mut keys = Vec::new();
         if outcome.complete {
             // What the agent will send back as this turn: the reply as the engine gave it.
             let reply = json!({
@@ -519,8 +476,7 @@ impl Recorder {
                 "tool_calls": outcome.output.tool_calls,
             });
             let history = call.unredacted.as_deref().unwrap_or(&call.request.messages);
-            let keys = CallKeys::of(&call.tenant, history, &reply);
-            self.stitcher().remember_keys(call.trajectory, keys);
+            keys = CallKeys::of(&call.tenant, history, &reply).stitch_keys();
             if let (Some(turn), Some(id)) = (&call.responses, &outcome.response_id) {
                 let mut items = turn.new_items.clone();
                 items.extend(crate::session::responses::reply_items(&outcome.output));
@@ -548,26 +504,26 @@ impl Recorder {
         let trainable = call.trainable && outcome.complete;
         self.metrics.captured(capture, trainable, &tokens);
         let covered = call.request.messages.len() + 1;
-        let (index, step_id) = {
-            let mut sessions = self.sessions();
-            let Some(live) = sessions.live.get_mut(&call.trajectory) else {
-                // Completions wait for calls in flight, so this is a call that raced one.
-                drop(sessions);
-                self.dropped("trajectory_not_live");
-                return;
-            };
-            let index = live.next_index;
-            let step_id = StepId::new();
-            live.next_index += 1;
-            live.last_step = Some(step_id);
-            live.covered = covered;
-            live.last_seen = Instant::now();
-            live.in_flight = live.in_flight.saturating_sub(1);
-            (index, step_id)
+        let done = StepDone {
+            tenant: call.tenant.clone(),
+            trajectory: call.trajectory,
+            step: call.step,
+            covered: u32::try_from(covered).unwrap_or(u32::MAX),
+            keys,
+            finish: call.done.then_some(CompletionReason::DoneHeader),
+            now: UnixMs::now(),
+        };
+        let slot = self.sessions.step_done(call.held, &done).await;
+        let index = match slot.and_then(|slot| slot.index) {
+            Some(index) => index,
+            None => {
+                self.sink.dropped("step_numbered_without_session_state");
+                call.index_guess
+            }
         };
         let step = Step {
             schema_version: SCHEMA_VERSION,
-            id: step_id,
+            id: call.step,
             tenant: call.tenant.clone(),
             trajectory: call.trajectory,
             index,
@@ -594,140 +550,138 @@ impl Recorder {
         if let Some(filters) = self.filters.get() {
             filters.step_recorded(&step);
         }
-        self.enqueue(WriteOp::AppendSteps { steps: vec![step] });
-        if call.done {
-            self.complete(&call.tenant, call.trajectory, CompletionReason::DoneHeader);
-        } else {
-            self.complete_if_pending(call.trajectory);
+        let finishing = match slot {
+            Some(slot) => slot.finishing,
+            // The session state is out of reach: the agent said this was the last call, and a
+            // completion written twice (once more by the sweep, later) changes nothing.
+            None if call.done => Some(Finishing {
+                trajectory: call.trajectory,
+                reason: CompletionReason::DoneHeader,
+                steps: index + 1,
+            }),
+            None => None,
+        };
+        let mut ops = call.leading;
+        ops.push(WriteOp::AppendSteps { steps: vec![step] });
+        if let Some(finishing) = finishing {
+            ops.extend(self.completion(&call.tenant, finishing));
         }
+        self.sink.write(ops);
+        self.metrics
+            .end_of_response_wait
+            .observe(waited.elapsed().as_secs_f64());
     }
 
-    /// Runs a completion that waited for the trajectory's calls in flight.
-    fn complete_if_pending(&self, trajectory: TrajectoryId) {
-        let pending = self
-            .sessions()
-            .live
-            .get(&trajectory)
-            .filter(|live| live.in_flight == 0)
-            .and_then(|live| {
-                live.complete_after
-                    .map(|reason| (live.tenant.clone(), reason))
-            });
-        if let Some((tenant, reason)) = pending {
-            self.complete(&tenant, trajectory, reason);
+    /// A call that produced no step (the upstream refused it): its in-flight mark goes, and
+    /// what it brought (a new trajectory, the previous step's next state) is recorded.
+    pub async fn abandon(&self, call: Call) {
+        let finishing = self
+            .sessions
+            .call_abandoned(call.held, &call.tenant, &call.trajectory, &call.step)
+            .await;
+        let mut ops = call.leading;
+        if let Some(finishing) = finishing {
+            ops.extend(self.completion(&call.tenant, finishing));
         }
+        self.sink.write(ops);
     }
 
-    /// A call that produced no step (the upstream refused it): only its in-flight mark goes.
-    pub fn abandon(&self, call: &Call) {
-        if let Some(live) = self.sessions().live.get_mut(&call.trajectory) {
-            live.in_flight = live.in_flight.saturating_sub(1);
-            live.last_seen = Instant::now();
+    /// The datapool's completion of a trajectory this process finished, if it may be written
+    /// now; with trajectory plugins it is written once their evaluations are (so the trainer
+    /// finds its rewards with it), and `None` is returned.
+    fn completion(&self, tenant: &TenantId, finishing: Finishing) -> Option<WriteOp> {
+        if finishing.steps == 1 {
+            self.metrics
+                .finding(crate::metrics::Finding::SingleCallTask);
         }
-        self.complete_if_pending(call.trajectory);
+        self.metrics
+            .trajectories_completed
+            .get_or_create(&ReasonLabels {
+                reason: finishing.reason.as_str(),
+            })
+            .inc();
+        let op = WriteOp::CompleteTrajectory {
+            request: Complete::now(tenant.clone(), finishing.trajectory, finishing.reason),
+        };
+        match self.filters.get() {
+            Some(filters) => {
+                let sink = self.sink.clone();
+                filters.completed(
+                    finishing.trajectory,
+                    finishing.reason,
+                    Box::new(move || sink.write(vec![op])),
+                );
+                None
+            }
+            None => Some(op),
+        }
     }
 
     /// Completes a live trajectory of `tenant` — once its calls in flight are recorded, so the
     /// last turn is never cut off. `false` if `tenant` has no live trajectory with that id.
-    pub fn complete(
+    pub async fn complete(
         &self,
         tenant: &TenantId,
         trajectory: TrajectoryId,
         reason: CompletionReason,
-    ) -> bool {
-        {
-            let mut sessions = self.sessions();
-            match sessions.live.get_mut(&trajectory) {
-                Some(live) if live.tenant == *tenant && live.in_flight > 0 => {
-                    live.complete_after = Some(reason);
-                    return true;
-                }
-                Some(live) if live.tenant == *tenant => {}
-                _ => return false,
+    ) -> Result<bool, Unreachable> {
+        match self.sessions.finish(tenant, &trajectory, reason).await? {
+            Finish::Now(finishing) => {
+                let op = self.completion(tenant, finishing);
+                self.sink.write(op.into_iter().collect());
+                Ok(true)
             }
-            if let Some(live) = sessions.live.remove(&trajectory) {
-                if live.next_index == 1 {
-                    self.metrics
-                        .finding(crate::metrics::Finding::SingleCallTask);
-                }
-                if let Some(name) = live.name {
-                    let key = (live.tenant, name);
-                    if sessions.by_name.get(&key) == Some(&trajectory) {
-                        sessions.by_name.remove(&key);
-                    }
-                }
-            }
-            let handshake_key = (tenant.clone(), trajectory.to_string());
-            sessions.by_name.remove(&handshake_key);
+            Finish::Deferred => Ok(true),
+            Finish::NotLive => Ok(false),
         }
-        self.stitcher().forget(tenant, &trajectory);
-        self.metrics
-            .trajectories_completed
-            .get_or_create(&ReasonLabels {
-                reason: reason_label(reason),
-            })
-            .inc();
-        let op = WriteOp::CompleteTrajectory {
-            request: Complete::now(tenant.clone(), trajectory, reason),
-        };
-        match self.filters.get() {
-            // The completion (which makes the trajectory ready for the trainer) is written
-            // after the plugins' evaluations of it, so the trainer finds its rewards with it.
-            Some(filters) => {
-                let (queue, overflow, metrics, drop_log) = (
-                    self.queue.clone(),
-                    Arc::clone(&self.overflow),
-                    Arc::clone(&self.metrics),
-                    Arc::clone(&self.drop_log),
-                );
-                filters.completed(
-                    trajectory,
-                    reason,
-                    Box::new(move || send(&queue, &overflow, &metrics, &drop_log, op)),
-                );
-            }
-            None => self.enqueue(op),
-        }
-        true
     }
 
     /// Whether `trajectory` is live for `tenant`.
-    pub fn is_live(&self, tenant: &TenantId, trajectory: &TrajectoryId) -> bool {
-        self.sessions()
-            .live
-            .get(trajectory)
-            .is_some_and(|live| live.tenant == *tenant)
+    pub async fn is_live(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+    ) -> Result<bool, Unreachable> {
+        self.sessions.is_live(tenant, trajectory).await
     }
 
-    /// The tenant a live trajectory belongs to.
-    pub fn tenant_of(&self, trajectory: &TrajectoryId) -> Option<TenantId> {
-        self.sessions()
-            .live
-            .get(trajectory)
-            .map(|live| live.tenant.clone())
-    }
-
-    /// Completes trajectories idle past the timeout, and releases groups past theirs.
-    pub async fn sweep(&self) {
-        let idle = self.config.idle_timeout;
-        let expired: Vec<(TenantId, TrajectoryId)> = self
-            .sessions()
-            .live
-            .iter()
-            .filter(|(_, live)| live.in_flight == 0 && live.last_seen.elapsed() >= idle)
-            .map(|(id, live)| (live.tenant.clone(), *id))
-            .collect();
-        for (tenant, id) in expired {
-            self.complete(&tenant, id, CompletionReason::IdleTimeout);
+    /// The tenant a live trajectory belongs to, among `candidates`.
+    pub async fn tenant_of(
+        &self,
+        trajectory: &TrajectoryId,
+        candidates: impl IntoIterator<Item = TenantId>,
+    ) -> Result<Option<TenantId>, Unreachable> {
+        for tenant in candidates {
+            if self.sessions.is_live(&tenant, trajectory).await? {
+                return Ok(Some(tenant));
+            }
         }
-        let tenants: Vec<TenantId> = self
-            .sessions()
-            .tenants_with_groups
-            .iter()
-            .cloned()
-            .collect();
+        Ok(None)
+    }
+
+    /// Tenants that may have live trajectories or open groups.
+    pub async fn tenants(&self) -> Vec<TenantId> {
+        let mut tenants = self.sessions.live_tenants().await;
+        if let Ok(with_data) = self.store.tenants().await {
+            tenants.extend(with_data);
+        }
+        tenants.sort();
+        tenants.dedup();
+        tenants
+    }
+
+    /// Completes trajectories idle past the timeout (whichever replica sweeps first), and
+    /// releases groups past theirs.
+    pub async fn sweep(&self) {
+        let tenants = self.tenants().await;
         let cutoff = UnixMs::now().saturating_sub(self.config.group_timeout);
         for tenant in tenants {
+            let finished = self.sessions.finish_idle(&tenant, SWEEP_LIMIT).await;
+            let ops: Vec<WriteOp> = finished
+                .into_iter()
+                .filter_map(|finishing| self.completion(&tenant, finishing))
+                .collect();
+            self.sink.write(ops);
             match self.store.expire_groups(&tenant, cutoff).await {
                 Ok(groups) if !groups.is_empty() => {
                     tracing::info!(tenant = %tenant.as_str(), groups = groups.len(), "groups released as partial after their timeout");
@@ -753,24 +707,20 @@ impl Recorder {
         }
     }
 
-    /// Completes every live trajectory (at shutdown: their sessions cannot continue in a new
-    /// process, which starts from an empty session table).
-    pub fn complete_all(&self) {
-        let live: Vec<(TenantId, TrajectoryId)> = self
-            .sessions()
-            .live
-            .iter()
-            .map(|(id, live)| (live.tenant.clone(), *id))
-            .collect();
-        for (tenant, id) in live {
-            self.complete(&tenant, id, CompletionReason::IdleTimeout);
+    /// At shutdown: completes the trajectories only this process knows (opened while the
+    /// shared session state was unreachable). Shared ones stay live: another replica, or this
+    /// one restarted, continues them.
+    pub async fn complete_local(&self) {
+        for (tenant, finishing) in self.sessions.finish_local().await {
+            let op = self.completion(&tenant, finishing);
+            self.sink.write(op.into_iter().collect());
         }
     }
 
-    /// Applies every write queued so far, then stops the writer.
+    /// Applies every write journaled so far, then stops the writer.
     pub async fn close(&self) {
         let (done, applied) = oneshot::channel();
-        if self.queue.send(Message::Close(done)).await.is_ok() {
+        if self.sink.queue.send(Message::Close(done)).await.is_ok() {
             let _ = applied.await;
         }
     }
@@ -816,56 +766,6 @@ fn named_group(tenant: &TenantId, name: &str) -> GroupId {
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
     GroupId::from_uuid(uuid::Uuid::new_v8(bytes))
-}
-
-/// Queues a write for the batch writer; a full queue drops it (counted, and logged at most
-/// every few seconds) rather than make a request wait.
-/// Queues `op` for the writer; past a full queue (or while earlier writes wait there) into the
-/// overflow journal, in order. A write is dropped only when the journal cannot be written.
-fn send(
-    queue: &mpsc::Sender<Message>,
-    overflow: &overflow::Overflow,
-    metrics: &Metrics,
-    drop_log: &throttle::LogThrottle,
-    op: WriteOp,
-) {
-    let entries = writer::count(&op);
-    let op = if overflow.is_spilling() {
-        op
-    } else {
-        match queue.try_send(Message::Write(op)) {
-            Ok(()) => {
-                metrics.recorder_queue.inc_by(entries);
-                return;
-            }
-            Err(mpsc::error::TrySendError::Full(Message::Write(op))) => op,
-            Err(mpsc::error::TrySendError::Full(_)) => return,
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                count_drop(metrics, "shutting_down");
-                return;
-            }
-        }
-    };
-    match overflow.spill(&op) {
-        Ok(()) => {
-            metrics.records_spilled.inc_by(entries.unsigned_abs());
-        }
-        Err(e) => {
-            count_drop(metrics, "overflow_failed");
-            if let Some(count) = drop_log.event() {
-                tracing::error!(dropped = count, error = %e,
-                    "the recorder queue is full and its overflow journal cannot be written: \
-                     writes are being dropped (see clawback_records_dropped_total)");
-            }
-        }
-    }
-}
-
-fn count_drop(metrics: &Metrics, reason: &'static str) {
-    metrics
-        .records_dropped
-        .get_or_create(&ReasonLabels { reason })
-        .inc();
 }
 
 #[cfg(test)]

@@ -1,115 +1,178 @@
 //! The batch writer: the only task that talks to the store on behalf of the request path.
 //!
-//! Writes arrive in order on a bounded queue; what is queued at once is taken as one round, and
-//! the steps of all its calls go to the store as one batch (one pipelined round trip on Redis). A write that fails is counted and logged and
-//! dropped — a `SpooledStore` has already kept it through a Redis outage, so a failure here
-//! means both Redis and the spool failed.
+//! Every record is in the [`Journal`] before it is queued here; the queue only spares the writer
+//! reading it back. The writer applies records in journal order: a record that arrives after a
+//! gap (records the full queue could not take, or a predecessor's unfinished work) is applied
+//! after the gap is read from the file, and a record it already read from the file is skipped.
+//! What is queued at once is taken as one round, and the steps of all its calls go to the store
+//! as one batch (one pipelined round trip on Redis). After each round the journal's checkpoint
+//! moves: a process killed now resumes there.
+//!
+//! A write the store refuses is counted and logged and dropped — a `SpooledStore` has already
+//! kept it through a Redis outage, so a failure here means both Redis and the spool failed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use clawback_datapool::{Store, WriteOp};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::overflow::Overflow;
+use super::journal::{Journal, Position, Record};
 use super::throttle::LogThrottle;
 use crate::metrics::{Metrics, StoreErrorLabels};
 
 pub enum Message {
-    Write(WriteOp),
-    /// Everything sent before this is applied; answer, then stop.
+    /// A record and where it lies in the journal.
+    Record(Vec<WriteOp>, Position),
+    /// Everything journaled before this is applied; answer, then stop.
     Close(oneshot::Sender<()>),
 }
 
-pub async fn run(
-    store: Arc<dyn Store>,
-    mut queue: mpsc::Receiver<Message>,
-    overflow: Arc<Overflow>,
-    batch_max: usize,
-    metrics: Arc<Metrics>,
-) {
-    let errors = LogThrottle::new(Duration::from_secs(5));
-    loop {
-        // The journal's writes are newer than every queued one and older than any queued after
-        // it is taken: it is applied once the queue is empty.
-        if queue.is_empty() && overflow.is_spilling() {
-            drain_overflow(&*store, &overflow, &metrics, &errors).await;
-        }
-        let Some(first) = queue.recv().await else {
-            break;
-        };
-        // Take what else is already queued, up to a batch, stopping at a close.
-        let mut batch = Batch::default();
-        let mut close = None;
-        let mut next = Some(first);
-        let mut taken = 0;
-        while let Some(message) = next.take() {
-            match message {
-                Message::Close(done) => {
-                    close = Some(done);
-                    break;
-                }
-                Message::Write(op) => batch.add(op),
-            }
-            taken += 1;
-            if taken < batch_max {
-                next = queue.try_recv().ok();
-            }
-        }
-        for op in batch.in_order() {
-            metrics.recorder_queue.dec_by(count(&op));
-            apply(&*store, op, &metrics, &errors).await;
-        }
-        if let Some(done) = close {
-            drain_overflow(&*store, &overflow, &metrics, &errors).await;
-            let _ = done.send(());
-            return;
-        }
-    }
+/// The writer's side of the journal: how far it has applied.
+struct Applied {
+    epoch: u64,
+    end: u64,
 }
 
-async fn drain_overflow(
-    store: &dyn Store,
-    overflow: &Overflow,
-    metrics: &Metrics,
-    errors: &LogThrottle,
-) {
-    match overflow.drain() {
-        Ok((ops, unreadable)) => {
-            if unreadable > 0 {
-                tracing::error!(
-                    unreadable,
-                    "lines of the recorder's overflow journal could not be read (a process killed mid-write)"
-                );
-                for _ in 0..unreadable {
-                    metrics
-                        .records_dropped
-                        .get_or_create(&crate::metrics::ReasonLabels {
-                            reason: "overflow_unreadable",
-                        })
-                        .inc();
+pub struct Writer {
+    pub store: Arc<dyn Store>,
+    pub journal: Arc<Journal>,
+    /// Rung when a record went to the journal only (the queue was full).
+    pub spilled: Arc<Notify>,
+    pub batch_max: usize,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Writer {
+    pub async fn run(self, mut queue: mpsc::Receiver<Message>) {
+        let errors = LogThrottle::new(Duration::from_secs(5));
+        let from = self.journal.recovered_from();
+        let mut applied = Applied {
+            epoch: from.epoch,
+            end: from.end,
+        };
+        // A predecessor's unfinished work first.
+        self.catch_up(&mut applied, self.journal.end(), &errors)
+            .await;
+        loop {
+            let first = tokio::select! {
+                biased;
+                message = queue.recv() => match message {
+                    Some(message) => message,
+                    None => break,
+                },
+                () = self.spilled.notified() => {
+                    // Records only the journal holds, with nothing queued behind them.
+                    if queue.is_empty() {
+                        self.catch_up(&mut applied, self.journal.end(), &errors).await;
+                    }
+                    continue;
+                }
+            };
+            // Take what else is already queued, up to a batch, stopping at a close.
+            let mut round = Vec::new();
+            let mut close = None;
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                match message {
+                    Message::Close(done) => {
+                        close = Some(done);
+                        break;
+                    }
+                    Message::Record(ops, at) => round.push((ops, at)),
+                }
+                if round.len() < self.batch_max {
+                    next = queue.try_recv().ok();
                 }
             }
-            // Regrouped into batches as the queue's writes are, a batch at a time.
+            round.sort_by_key(|(_, at)| (at.epoch, at.start));
             let mut batch = Batch::default();
-            for op in ops {
-                batch.add(op);
+            for (ops, at) in round {
+                self.metrics.recorder_queue.dec_by(count(&ops));
+                if at.epoch == super::sink::UNJOURNALED {
+                    ops.into_iter().for_each(|op| batch.add(op));
+                    continue;
+                }
+                if at.epoch != applied.epoch || at.end <= applied.end {
+                    // Read from the journal already, or of an epoch that was applied whole.
+                    continue;
+                }
+                if at.start > applied.end {
+                    // A gap: what the queue did not carry is applied first, in order.
+                    self.apply(std::mem::take(&mut batch), &errors).await;
+                    self.catch_up(&mut applied, at, &errors).await;
+                    if at.end <= applied.end || at.epoch != applied.epoch {
+                        continue;
+                    }
+                }
+                ops.into_iter().for_each(|op| batch.add(op));
+                applied.end = at.end;
             }
-            for op in batch.in_order() {
-                apply(store, op, metrics, errors).await;
+            self.apply(batch, &errors).await;
+            self.settle(&mut applied);
+            if let Some(done) = close {
+                self.catch_up(&mut applied, self.journal.end(), &errors)
+                    .await;
+                let _ = done.send(());
+                return;
             }
         }
-        Err(e) => {
-            if let Some(count) = errors.event() {
-                tracing::error!(error = %e, failed = count, "the recorder's overflow journal cannot be read");
+    }
+
+    /// Applies what the journal holds from `applied` up to `to.start` (or the end, when `to` is
+    /// the journal's end), then records the progress.
+    async fn catch_up(&self, applied: &mut Applied, to: Position, errors: &LogThrottle) {
+        if to.epoch != applied.epoch {
+            return;
+        }
+        match self.journal.read(applied.epoch, applied.end, to.start) {
+            Ok(Some(records)) => {
+                if records.is_empty() {
+                    return;
+                }
+                let mut batch = Batch::default();
+                for Record { ops } in records {
+                    self.metrics.records_replayed.inc();
+                    ops.into_iter().for_each(|op| batch.add(op));
+                }
+                self.apply(batch, errors).await;
+                applied.end = to.start;
+                self.settle(applied);
             }
+            Ok(None) => {}
+            Err(e) => {
+                if let Some(count) = errors.event() {
+                    tracing::error!(error = %e, failed = count, "the recorder's journal cannot be read");
+                }
+            }
+        }
+    }
+
+    /// Persists the progress; empties the journal when all of it is applied and it is large.
+    fn settle(&self, applied: &mut Applied) {
+        if let Err(e) = self.journal.checkpoint(applied.end) {
+            tracing::error!(error = %e, "the journal's checkpoint cannot be written: a restart would apply records again");
+        }
+        match self.journal.rotate_if_applied(applied.epoch, applied.end) {
+            Ok(Some(epoch)) => {
+                applied.epoch = epoch;
+                applied.end = 0;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "the journal could not be emptied"),
+        }
+    }
+
+    async fn apply(&self, batch: Batch, errors: &LogThrottle) {
+        for op in batch.in_order() {
+            apply(&*self.store, op, &self.metrics, errors).await;
         }
     }
 }
 
 /// One round of writes, regrouped so steps of many calls go to the store as one batch.
 ///
-/// Regrouping by kind keeps every dependency the queue order had: a trajectory is created
+/// Regrouping by kind keeps every dependency the journal order had: a trajectory is created
 /// before its steps, a step exists before its next state is set, and a trajectory completes
 /// after its steps — within a round (creations, then steps, then next states, evaluations and
 /// completions) and across rounds (a round is applied whole before the next one is taken).
@@ -149,12 +212,14 @@ impl Batch {
     }
 }
 
-/// Queue entries an op stands for (a coalesced batch stands for each of its steps).
-pub fn count(op: &WriteOp) -> i64 {
-    match op {
-        WriteOp::AppendSteps { steps } => i64::try_from(steps.len()).unwrap_or(i64::MAX),
-        _ => 1,
-    }
+/// Queue entries a record stands for (a coalesced batch stands for each of its steps).
+pub fn count(ops: &[WriteOp]) -> i64 {
+    ops.iter()
+        .map(|op| match op {
+            WriteOp::AppendSteps { steps } => i64::try_from(steps.len()).unwrap_or(i64::MAX),
+            _ => 1,
+        })
+        .sum()
 }
 
 fn op_name(op: &WriteOp) -> &'static str {

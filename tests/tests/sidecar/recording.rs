@@ -365,11 +365,13 @@ async fn each_tenant_sees_only_its_own_trajectories_and_keys_are_never_stored() 
         .is_none());
     assert_eq!(records(&store, &tenant("alpha")).await.len(), 1);
 
-    // Nothing on disk holds an API key.
-    for entry in std::fs::read_dir(&data_dir).unwrap() {
-        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
-        let text = String::from_utf8_lossy(&bytes);
-        assert!(!text.contains("sk-alpha") && !text.contains("sk-beta"));
+    // Nothing on disk (the journal included) holds an API key.
+    for file in files_under(&data_dir) {
+        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+        assert!(
+            !text.contains("sk-alpha") && !text.contains("sk-beta"),
+            "{file:?}"
+        );
     }
 }
 
@@ -619,9 +621,13 @@ async fn redaction_rules_scrub_secrets_before_they_are_stored() {
     );
     // The engine still got the real text: redaction is about storage only.
     assert!(String::from_utf8_lossy(&engine.received()[0].body).contains("sk-live-abcdef123456"));
-    for entry in std::fs::read_dir(&data_dir).unwrap() {
-        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
-        assert!(!String::from_utf8_lossy(&bytes).contains("sk-live-abcdef"));
+    // Nor in any file the sidecar keeps: the journal holds the redacted step too.
+    for file in files_under(&data_dir) {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("sk-live-abcdef"),
+            "{file:?}"
+        );
     }
 }
 
@@ -822,4 +828,18 @@ async fn a_full_recorder_queue_spills_to_its_journal_and_loses_no_served_call() 
         value("clawback_records_spilled_total") > 0.0,
         "the queue never filled: the test tested nothing"
     );
+}
+
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }

@@ -1,0 +1,399 @@
+//! The recorder's journal: every write a served call makes is appended here — one line of JSON
+//! per record, in the page cache before [`Journal::append`] returns, so before the agent sees
+//! the end of its answer — and applied to the datapool from here by the writer.
+//!
+//! The writer usually gets each record from its queue, already parsed; the file is what makes it
+//! durable. A record the queue had no room for is only in the file, and so is everything a killed
+//! process left behind: the writer applies records in file order, reading whatever it did not get
+//! through the queue (a gap before the record it holds, or the tail) back from the file. How far
+//! it got is kept beside the journal ([`Journal::checkpoint`]); after a crash, whatever follows
+//! the checkpoint is applied again. The datapool's writes are idempotent (step and evaluation ids,
+//! upserts, completions that happen once), so a record applied twice lands once.
+//!
+//! Each process takes a journal of its own: the first free slot `journal/recorder-{n}.log` it can
+//! lock in `data_dir`. Replicas that share a `data_dir` get different slots, and a replica
+//! restarted after a crash takes over a slot whose owner is gone, finishing its work first.
+//!
+//! When everything in the file has been applied and it has grown past [`ROTATE_BYTES`], the
+//! writer empties it and starts a new epoch: positions from the old one are known to be applied.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use clawback_datapool::WriteOp;
+use serde::{Deserialize, Serialize};
+
+/// How many journal slots a `data_dir` offers (replicas sharing it, at most).
+const SLOTS: usize = 64;
+
+/// An applied journal is emptied once it is this large.
+pub const ROTATE_BYTES: u64 = 16 << 20;
+
+/// Where a record lies in the journal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    /// Bumped each time the file is emptied.
+    pub epoch: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// One line of the journal: the writes of one call (or of one handshake, feedback, sweep).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub ops: Vec<WriteOp>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the recorder's journal {path}: {source}")]
+pub struct JournalError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+struct Tail {
+    file: File,
+    epoch: u64,
+    /// Bytes in the file: where the next record starts.
+    end: u64,
+}
+
+pub struct Journal {
+    path: PathBuf,
+    tail: Mutex<Tail>,
+    /// How far the writer has applied, persisted as 8 bytes.
+    checkpoint: File,
+    /// Held for the life of the process: the slot is ours.
+    _lock: File,
+    fsync: bool,
+    /// Where the writer starts: the checkpoint found at open.
+    recovered_from: u64,
+}
+
+impl Journal {
+    /// Takes the first free journal slot in `data_dir` (left by a process that is gone, or
+    /// new). With `fsync`, each append also reaches the disk before it returns.
+    pub fn open(data_dir: &Path, fsync: bool) -> Result<Self, JournalError> {
+        let dir = data_dir.join("journal");
+        let fail = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| JournalError { path, source }
+        };
+        std::fs::create_dir_all(&dir).map_err(fail(&dir))?;
+        for slot in 0..SLOTS {
+            let lock_path = dir.join(format!("recorder-{slot}.lock"));
+            let lock = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(fail(&lock_path))?;
+            match lock.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => continue,
+                Err(std::fs::TryLockError::Error(e)) => return Err(fail(&lock_path)(e)),
+            }
+            let path = dir.join(format!("recorder-{slot}.log"));
+            return Self::take(path, lock, fsync);
+        }
+        Err(fail(&dir)(std::io::Error::other(format!(
+            "all {SLOTS} journal slots are held by running processes"
+        ))))
+    }
+
+    fn take(path: PathBuf, lock: File, fsync: bool) -> Result<Self, JournalError> {
+        let fail = |source| JournalError {
+            path: path.clone(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(fail)?;
+        // A record cut off by a crash (a machine's, or a full disk) never reached the agent as
+        // written: drop the partial line so the next record starts on a line of its own.
+        let end = complete_length(&mut file).map_err(fail)?;
+        file.set_len(end).map_err(fail)?;
+        file.seek(SeekFrom::End(0)).map_err(fail)?;
+        let checkpoint_path = path.with_extension("applied");
+        let checkpoint = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&checkpoint_path)
+            .map_err(|source| JournalError {
+                path: checkpoint_path.clone(),
+                source,
+            })?;
+        let mut applied = [0u8; 8];
+        let read = checkpoint.read_at(&mut applied, 0).unwrap_or(0);
+        let applied = if read == 8 {
+            u64::from_le_bytes(applied).min(end)
+        } else {
+            0
+        };
+        let journal = Journal {
+            path,
+            tail: Mutex::new(Tail {
+                file,
+                epoch: 0,
+                end,
+            }),
+            checkpoint,
+            _lock: lock,
+            fsync,
+            recovered_from: applied,
+        };
+        journal.checkpoint(applied)?;
+        Ok(journal)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn tail(&self) -> MutexGuard<'_, Tail> {
+        self.tail.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fail(&self, source: std::io::Error) -> JournalError {
+        JournalError {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Where the writer starts: what was applied before this process took the journal. What
+    /// lies between it and [`Journal::end`] is a predecessor's unfinished work.
+    pub fn recovered_from(&self) -> Position {
+        Position {
+            epoch: 0,
+            start: self.recovered_from,
+            end: self.recovered_from,
+        }
+    }
+
+    /// The journal's end now.
+    pub fn end(&self) -> Position {
+        let tail = self.tail();
+        Position {
+            epoch: tail.epoch,
+            start: tail.end,
+            end: tail.end,
+        }
+    }
+
+    /// Appends one record: it is in the page cache (with `fsync`, on disk) when this returns.
+    pub fn append(&self, ops: &[WriteOp]) -> Result<Position, JournalError> {
+        #[derive(Serialize)]
+        struct RecordRef<'a> {
+            ops: &'a [WriteOp],
+        }
+        let mut line = serde_json::to_vec(&RecordRef { ops }).map_err(|e| self.fail(e.into()))?;
+        line.push(b'\n');
+        let mut tail = self.tail();
+        let start = tail.end;
+        // One write per record: a reader never sees half of one, and a failed write leaves the
+        // file as it was (a short write is undone below).
+        if let Err(e) = tail.file.write_all(&line) {
+            let _ = tail.file.set_len(start);
+            let _ = tail.file.seek(SeekFrom::Start(start));
+            return Err(self.fail(e));
+        }
+        if self.fsync {
+            tail.file.sync_data().map_err(|e| self.fail(e))?;
+        }
+        tail.end = start + line.len() as u64;
+        Ok(Position {
+            epoch: tail.epoch,
+            start,
+            end: tail.end,
+        })
+    }
+
+    /// The records of `epoch` between `from` and `to` (the writer's gap), in order. `None` when
+    /// the journal has moved to another epoch (everything of `epoch` was applied).
+    pub fn read(
+        &self,
+        epoch: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<Option<Vec<Record>>, JournalError> {
+        let tail = self.tail();
+        if tail.epoch != epoch {
+            return Ok(None);
+        }
+        let to = to.min(tail.end);
+        if to <= from {
+            return Ok(Some(Vec::new()));
+        }
+        let mut bytes = vec![0u8; (to - from) as usize];
+        tail.file
+            .read_exact_at(&mut bytes, from)
+            .map_err(|e| self.fail(e))?;
+        drop(tail);
+        let mut records = Vec::new();
+        for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            match serde_json::from_slice::<Record>(line) {
+                Ok(record) => records.push(record),
+                // Written by this process or a predecessor of the same build: cannot happen
+                // short of disk corruption; skipping keeps the rest.
+                Err(e) => tracing::error!(error = %e, "skipping an unreadable journal record"),
+            }
+        }
+        Ok(Some(records))
+    }
+
+    /// Persists that everything before `applied` is in the datapool.
+    pub fn checkpoint(&self, applied: u64) -> Result<(), JournalError> {
+        self.checkpoint
+            .write_all_at(&applied.to_le_bytes(), 0)
+            .map_err(|e| self.fail(e))?;
+        if self.fsync {
+            self.checkpoint.sync_data().map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    /// Empties the journal when everything in it was applied (`applied` is its end) and it is
+    /// larger than [`ROTATE_BYTES`]; the new epoch, if it did.
+    pub fn rotate_if_applied(&self, epoch: u64, applied: u64) -> Result<Option<u64>, JournalError> {
+        let mut tail = self.tail();
+        if tail.epoch != epoch || tail.end != applied || tail.end < ROTATE_BYTES {
+            return Ok(None);
+        }
+        tail.file.set_len(0).map_err(|e| self.fail(e))?;
+        tail.file
+            .seek(SeekFrom::Start(0))
+            .map_err(|e| self.fail(e))?;
+        tail.end = 0;
+        tail.epoch += 1;
+        // The file first, then the checkpoint: a crash in between leaves a checkpoint past the
+        // end, which `open` clamps.
+        self.checkpoint(0)?;
+        Ok(Some(tail.epoch))
+    }
+}
+
+/// The length of the file's complete lines (a cut-off last line excluded).
+fn complete_length(file: &mut File) -> std::io::Result<u64> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut reader = BufReader::new(&mut *file);
+    let mut complete = 0u64;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        complete += n as u64;
+    }
+    Ok(complete)
+}
+
+#[cfg(test)]
+mod tests {
+    use clawback_datapool::{NextState, StepId, TenantId, TrajectoryId, UnixMs};
+
+    use super::*;
+
+    fn op(n: u64) -> WriteOp {
+        WriteOp::SetNextState {
+            tenant: TenantId::new("t").unwrap(),
+            trajectory: TrajectoryId::new(),
+            step: StepId::new(),
+            next_state: NextState {
+                messages: vec![serde_json::json!(n)],
+                observed_at: UnixMs::now(),
+            },
+        }
+    }
+
+    fn numbers(records: &[Record]) -> Vec<u64> {
+        records
+            .iter()
+            .flat_map(|r| &r.ops)
+            .map(|op| match op {
+                WriteOp::SetNextState { next_state, .. } => {
+                    next_state.messages[0].as_u64().unwrap()
+                }
+                _ => unreachable!(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn records_read_back_in_order_and_a_restart_resumes_after_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), false).unwrap();
+        let positions: Vec<Position> = (0..4).map(|n| journal.append(&[op(n)]).unwrap()).collect();
+        assert_eq!(positions[0].start, 0);
+        assert_eq!(positions[1].start, positions[0].end);
+        let all = journal.read(0, 0, journal.end().end).unwrap().unwrap();
+        assert_eq!(numbers(&all), [0, 1, 2, 3]);
+        journal.checkpoint(positions[1].end).unwrap();
+        drop(journal);
+
+        // The next process finds the slot free and resumes after what was applied.
+        let journal = Journal::open(dir.path(), false).unwrap();
+        let from = journal.recovered_from();
+        assert_eq!(from.start, positions[1].end);
+        let left = journal
+            .read(0, from.start, journal.end().end)
+            .unwrap()
+            .unwrap();
+        assert_eq!(numbers(&left), [2, 3]);
+    }
+
+    #[test]
+    fn two_processes_sharing_a_data_dir_take_different_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Journal::open(dir.path(), false).unwrap();
+        let b = Journal::open(dir.path(), false).unwrap();
+        assert_ne!(a.path(), b.path());
+    }
+
+    #[test]
+    fn a_record_cut_off_by_a_crash_is_dropped_and_the_journal_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), false).unwrap();
+        journal.append(&[op(0)]).unwrap();
+        let path = journal.path().to_path_buf();
+        drop(journal);
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(b"{\"ops\":[{\"op\":\"append_ev").unwrap();
+        let journal = Journal::open(dir.path(), false).unwrap();
+        journal.append(&[op(1)]).unwrap();
+        let all = journal.read(0, 0, journal.end().end).unwrap().unwrap();
+        assert_eq!(numbers(&all), [0, 1]);
+    }
+
+    #[test]
+    fn an_applied_journal_past_its_size_is_emptied_into_a_new_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), false).unwrap();
+        let big = WriteOp::AppendEvaluations {
+            evaluations: Vec::new(),
+        };
+        let mut end = 0;
+        while end < ROTATE_BYTES {
+            let ops: Vec<WriteOp> = (0..2000).map(|_| big.clone()).collect();
+            end = journal.append(&ops).unwrap().end;
+        }
+        assert_eq!(journal.rotate_if_applied(0, end - 1).unwrap(), None);
+        assert_eq!(journal.rotate_if_applied(0, end).unwrap(), Some(1));
+        assert_eq!(journal.end().end, 0);
+        assert!(journal.read(0, 0, end).unwrap().is_none());
+        let at = journal.append(&[op(7)]).unwrap();
+        assert_eq!((at.epoch, at.start), (1, 0));
+    }
+}
