@@ -8,6 +8,7 @@ pub mod front_door;
 pub mod harness;
 pub mod load;
 pub mod mock;
+pub mod process;
 pub mod redis_server;
 pub mod shape;
 pub mod vllm;

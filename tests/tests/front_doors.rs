@@ -1,6 +1,6 @@
 //! The front doors in `deploy/` — NGINX and Envoy, real binaries — in front of real sidecars:
 //! streams pass event by event, headers pass both ways, connections to the sidecars are kept
-//! alive, and a session stays on one sidecar.
+//! alive, and a session whose calls the door spreads over the sidecars is one trajectory.
 //!
 //! Streaming is checked without clocks: the mock engine sends the first event and then holds the
 //! rest until the test has received that event through the front door. A front door that
@@ -17,6 +17,7 @@ use clawback_tests::front_door::{
 };
 use clawback_tests::harness::{repo_root, scratch_dir, test_config, Sidecar};
 use clawback_tests::mock::{Behaviour, Hold, MockUpstream};
+use clawback_tests::redis_server::RedisServer;
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
@@ -197,18 +198,40 @@ async fn connections_to_the_sidecar_are_kept_alive(door: Door) {
     );
 }
 
-/// Every call of a session reaches the same sidecar, whichever way it names the session.
-async fn a_session_stays_on_one_sidecar(door: Door) {
-    let engines = [MockUpstream::start().await, MockUpstream::start().await];
+/// The door balances calls by load, not by session, so a session's calls land on both
+/// sidecars; with the session state shared through Redis, each session — stitched, or named
+/// by path, header or OpenClaw's header — is still one trajectory of all its turns.
+async fn a_session_spread_over_sidecars_is_one_trajectory(door: Door) {
+    let redis = RedisServer::start();
+    let engine = MockUpstream::start().await;
+    let replica = || {
+        let mut config = test_config(&[engine.url()]);
+        config.redis = Some(redis.url());
+        config
+    };
     let sidecars = [
-        Sidecar::start(transparent(&engines[0])).await,
-        Sidecar::start(transparent(&engines[1])).await,
+        Sidecar::start(replica()).await,
+        Sidecar::start(replica()).await,
     ];
     let front = start(door, &[sidecars[0].addr, sidecars[1].addr]).await;
     let client = client();
 
-    for session in ["task-7-rollout-0", "task-7-rollout-1", "task-9-rollout-3"] {
-        let before = [engines[0].request_count(), engines[1].request_count()];
+    // An agent's conversation with no session id: each turn repeats the last answer.
+    let mut messages = vec![json!({"role": "user", "content": "Plan a day in Paris."})];
+    for turn in 0..4 {
+        let response = client
+            .post(front.url("/v1/chat/completions"))
+            .json(&json!({"model": "mock-llama", "messages": messages}))
+            .send()
+            .await
+            .expect("the front door answers");
+        assert_eq!(response.status(), 200, "{}", front.logs());
+        let answer: serde_json::Value = response.json().await.expect("a chat answer");
+        messages.push(answer["choices"][0]["message"].clone());
+        messages.push(json!({"role": "user", "content": format!("And then? ({turn})")}));
+    }
+    // Named sessions, each way a call can name one.
+    for session in ["task-7-rollout-0", "task-9-rollout-3"] {
         for call in 0..3 {
             let request = match call {
                 0 => client.post(front.url(&format!("/s/{session}/v1/chat/completions"))),
@@ -227,13 +250,44 @@ async fn a_session_stays_on_one_sidecar(door: Door) {
             assert_eq!(response.status(), 200, "{}", front.logs());
             response.bytes().await.expect("whole body");
         }
-        let after = [engines[0].request_count(), engines[1].request_count()];
-        let served = [after[0] - before[0], after[1] - before[1]];
-        assert!(
-            served == [3, 0] || served == [0, 3],
-            "session {session} was split across sidecars: {served:?}"
-        );
     }
+
+    let served: Vec<u64> = sidecars
+        .iter()
+        .map(|s| s.app.metrics.steps_recorded.get())
+        .collect();
+    assert!(
+        served.iter().all(|&n| n > 0) && served.iter().sum::<u64>() == 10,
+        "the door did not spread the calls over both sidecars: {served:?}"
+    );
+    let store = Arc::clone(
+        sidecars[0]
+            .app
+            .recorder
+            .as_ref()
+            .expect("recording")
+            .store(),
+    );
+    let tenant = clawback_datapool::TenantId::new("default").expect("tenant");
+    let mut lengths = Vec::new();
+    for _ in 0..100 {
+        lengths.clear();
+        for header in store
+            .list_trajectories(&tenant, None, 100)
+            .await
+            .unwrap_or_default()
+        {
+            if let Ok(Some(record)) = store.trajectory(&tenant, &header.id).await {
+                lengths.push(record.steps.len());
+            }
+        }
+        lengths.sort_unstable();
+        if lengths.iter().sum::<usize>() == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lengths, [3, 3, 4], "sessions were split or merged");
 }
 
 #[test]
@@ -287,9 +341,9 @@ async fn nginx_keeps_its_connections_to_the_sidecar_alive() {
     connections_to_the_sidecar_are_kept_alive(Door::Nginx).await;
 }
 
-#[tokio::test]
-async fn nginx_keeps_a_session_on_one_sidecar() {
-    a_session_stays_on_one_sidecar(Door::Nginx).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_spreads_a_session_over_sidecars_and_it_stays_one_trajectory() {
+    a_session_spread_over_sidecars_is_one_trajectory(Door::Nginx).await;
 }
 
 #[test]
@@ -339,7 +393,7 @@ async fn envoy_keeps_its_connections_to_the_sidecar_alive() {
     connections_to_the_sidecar_are_kept_alive(Door::Envoy).await;
 }
 
-#[tokio::test]
-async fn envoy_keeps_a_session_on_one_sidecar() {
-    a_session_stays_on_one_sidecar(Door::Envoy).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_spreads_a_session_over_sidecars_and_it_stays_one_trajectory() {
+    a_session_spread_over_sidecars_is_one_trajectory(Door::Envoy).await;
 }

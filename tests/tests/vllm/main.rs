@@ -5,6 +5,7 @@
 //! request sent to it directly.
 
 mod anthropic;
+mod pool;
 mod responses;
 
 use std::sync::Arc;
