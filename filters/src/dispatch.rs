@@ -3,6 +3,11 @@
 //! for plugins that evaluate trajectories, the last turns — and runs the plugins off the
 //! request path: on their own runtime, concurrently, bounded, with a queue that drops (and
 //! counts) instead of waiting. Each evaluation goes to the `deliver` callback.
+//!
+//! In a pool of sidecars a session's calls land on any replica, so the step a next state
+//! follows, or some turns of a finished trajectory, may have been recorded by another one. Then
+//! the host reads them from the datapool through the [`Load`] callback (waiting, bounded, for
+//! the other replica's write to land) and evaluates them all the same.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use clawback_datapool::{
     CompletionReason, Evaluation, EvaluationId, EvaluationSource, NextState as RecordedNext,
-    Step as RecordedStep, StepId, TenantId, Trajectory as RecordedTrajectory, TrajectoryId, UnixMs,
-    Verdict, SCHEMA_VERSION,
+    Step as RecordedStep, StepId, TenantId, Trajectory as RecordedTrajectory, TrajectoryId,
+    TrajectoryRecord, UnixMs, Verdict, SCHEMA_VERSION,
 };
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -35,6 +40,39 @@ pub type Deliver = Arc<dyn Fn(Vec<Evaluation>) + Send + Sync>;
 
 /// What waits for a trajectory's evaluations (the recorder's completion write).
 pub type Then = Box<dyn FnOnce() + Send>;
+
+/// Reads a trajectory from the datapool once it holds what [`Until`] asks for (another replica
+/// recorded it; its write may still be on its way); `None` when it did not within the loader's
+/// own bound.
+pub type Load = Arc<
+    dyn Fn(
+            TenantId,
+            TrajectoryId,
+            Until,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<TrajectoryRecord>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// What a loaded trajectory must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Until {
+    /// This step.
+    Step(StepId),
+    /// At least this many steps.
+    Steps(u32),
+}
+
+impl Until {
+    /// Whether `record` holds what is asked.
+    pub fn met_by(self, record: &TrajectoryRecord) -> bool {
+        match self {
+            Until::Step(step) => record.steps.iter().any(|s| s.id == step),
+            Until::Steps(n) => record.steps.len() >= n as usize,
+        }
+    }
+}
 
 /// A trajectory's evaluations not yet delivered, and what waits for them.
 #[derive(Default)]
@@ -65,6 +103,22 @@ struct Live {
     awaiting: Option<(StepId, bindings::Step)>,
     /// The last turns, for plugins that evaluate trajectories.
     turns: VecDeque<Turn>,
+    /// Steps this process recorded (a pool's other replicas record the rest).
+    recorded: u32,
+    touched: Instant,
+}
+
+impl Live {
+    fn new(tenant: TenantId, metadata: Vec<MetadataEntry>) -> Self {
+        Live {
+            tenant,
+            metadata,
+            awaiting: None,
+            turns: VecDeque::new(),
+            recorded: 0,
+            touched: Instant::now(),
+        }
+    }
 }
 
 /// What a job evaluates. One per step, behind an `Arc`: the variants' sizes do not matter.
@@ -92,6 +146,8 @@ struct Inner {
     deliver: Deliver,
     live: Mutex<HashMap<TrajectoryId, Live>>,
     settling: Mutex<HashMap<TrajectoryId, Settling>>,
+    /// Reads what another replica recorded ([`Filters::load_with`]).
+    load: std::sync::OnceLock<Load>,
 }
 
 pub struct Filters {
@@ -151,6 +207,7 @@ impl Filters {
             deliver,
             live: Mutex::new(HashMap::new()),
             settling: Mutex::new(HashMap::new()),
+            load: std::sync::OnceLock::new(),
             config,
         });
         let stop = CancellationToken::new();
@@ -206,16 +263,19 @@ impl Filters {
         self.inner.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Lets the host read from the datapool what other replicas of a pool recorded (once).
+    pub fn load_with(&self, load: Load) {
+        let _ = self.inner.load.set(load);
+    }
+
     /// A trajectory opened: its metadata is what plugins will see.
     pub fn opened(&self, trajectory: &RecordedTrajectory) {
         self.live().insert(
             trajectory.id,
-            Live {
-                tenant: trajectory.tenant.clone(),
-                metadata: view::metadata(&trajectory.metadata),
-                awaiting: None,
-                turns: VecDeque::new(),
-            },
+            Live::new(
+                trajectory.tenant.clone(),
+                view::metadata(&trajectory.metadata),
+            ),
         );
     }
 
@@ -223,12 +283,9 @@ impl Filters {
     pub fn step_recorded(&self, step: &RecordedStep) {
         let keep_turns = self.wants_trajectories();
         let mut live = self.live();
-        let entry = live.entry(step.trajectory).or_insert_with(|| Live {
-            tenant: step.tenant.clone(),
-            metadata: Vec::new(),
-            awaiting: None,
-            turns: VecDeque::new(),
-        });
+        let entry = live
+            .entry(step.trajectory)
+            .or_insert_with(|| Live::new(step.tenant.clone(), Vec::new()));
         let view = view::step(step, entry.metadata.clone());
         if keep_turns {
             if entry.turns.len() == view::TURNS_CAP {
@@ -239,63 +296,169 @@ impl Filters {
                 next: None,
             });
         }
+        entry.recorded += 1;
+        entry.touched = Instant::now();
         entry.awaiting = Some((step.id, view));
     }
 
-    /// The next call of the trajectory arrived: the step it follows is evaluated.
-    pub fn next_state(&self, trajectory: TrajectoryId, step: StepId, next: &RecordedNext) {
-        let (tenant, view, next) = {
+    /// The next call of the trajectory arrived: the step it follows is evaluated — read from
+    /// the datapool when another replica recorded it.
+    pub fn next_state(
+        &self,
+        tenant: &TenantId,
+        trajectory: TrajectoryId,
+        step: StepId,
+        next: &RecordedNext,
+    ) {
+        let local = {
             let mut live = self.live();
-            let Some(entry) = live.get_mut(&trajectory) else {
-                return;
-            };
-            let Some((id, view)) = entry.awaiting.take() else {
-                return;
-            };
-            if id != step {
-                return;
+            match live.get_mut(&trajectory) {
+                Some(entry) if entry.awaiting.as_ref().is_some_and(|(id, _)| *id == step) => {
+                    entry.touched = Instant::now();
+                    entry.awaiting.take().map(|(_, view)| {
+                        let next = view::next_state(next, &view);
+                        if let Some(turn) = entry
+                            .turns
+                            .iter_mut()
+                            .rev()
+                            .find(|turn| turn.step.index == view.index)
+                        {
+                            turn.next = Some(next.clone());
+                        }
+                        (view, next)
+                    })
+                }
+                _ => None,
             }
-            let next = view::next_state(next, &view);
-            if let Some(turn) = entry
-                .turns
-                .iter_mut()
-                .rev()
-                .find(|turn| turn.step.index == view.index)
-            {
-                turn.next = Some(next.clone());
-            }
-            (entry.tenant.clone(), view, next)
         };
-        self.submit(tenant, trajectory, Job::Step { step, view, next });
+        if let Some((view, next)) = local {
+            self.submit(tenant.clone(), trajectory, Job::Step { step, view, next });
+            return;
+        }
+        let next = next.clone();
+        self.submit_loaded(tenant, trajectory, Until::Step(step), move |record| {
+            let recorded = record.steps.iter().find(|s| s.id == step)?;
+            let view = view::step(recorded, view::metadata(&record.trajectory.metadata));
+            let next = view::next_state(&next, &view);
+            Some(Job::Step { step, view, next })
+        });
     }
 
-    /// The trajectory finished: plugins that evaluate trajectories get it whole. `then` runs
-    /// once every evaluation of the trajectory (its steps' and its own) has been delivered —
-    /// the recorder writes the completion there, so a trainer that reads a ready trajectory
-    /// finds its rewards with it.
-    pub fn completed(&self, trajectory: TrajectoryId, reason: CompletionReason, then: Then) {
-        self.evaluate_trajectory(trajectory, reason);
+    /// The trajectory finished, with `steps` steps: plugins that evaluate trajectories get it
+    /// whole — read from the datapool when other replicas recorded some of its steps. `then`
+    /// runs once every evaluation of the trajectory (its steps' and its own) has been
+    /// delivered — the recorder writes the completion there, so a trainer that reads a ready
+    /// trajectory finds its rewards with it.
+    pub fn completed(
+        &self,
+        tenant: &TenantId,
+        trajectory: TrajectoryId,
+        reason: CompletionReason,
+        steps: u32,
+        then: Then,
+    ) {
+        self.evaluate_trajectory(tenant, trajectory, reason, steps);
         self.inner.after_jobs(trajectory, then);
     }
 
-    fn evaluate_trajectory(&self, trajectory: TrajectoryId, reason: CompletionReason) {
-        let Some(entry) = self.live().remove(&trajectory) else {
-            return;
-        };
-        if entry.turns.is_empty() {
+    fn evaluate_trajectory(
+        &self,
+        tenant: &TenantId,
+        trajectory: TrajectoryId,
+        reason: CompletionReason,
+        steps: u32,
+    ) {
+        let entry = self.live().remove(&trajectory);
+        if !self.wants_trajectories() {
             return;
         }
-        let completion = match reason {
-            CompletionReason::Handshake => "handshake",
-            CompletionReason::DoneHeader => "done_header",
-            CompletionReason::IdleTimeout => "idle_timeout",
+        let completion = reason.as_str().to_owned();
+        if let Some(entry) = entry.filter(|e| e.recorded >= steps) {
+            if entry.turns.is_empty() {
+                return;
+            }
+            let view = bindings::Trajectory {
+                turns: entry.turns.into_iter().collect(),
+                metadata: entry.metadata,
+                completion,
+            };
+            self.submit(entry.tenant, trajectory, Job::Trajectory { view });
+            return;
+        }
+        if steps == 0 {
+            return;
+        }
+        self.submit_loaded(tenant, trajectory, Until::Steps(steps), move |record| {
+            let metadata = view::metadata(&record.trajectory.metadata);
+            let skip = record.steps.len().saturating_sub(view::TURNS_CAP);
+            let turns = record.steps[skip..]
+                .iter()
+                .map(|recorded| {
+                    let step = view::step(recorded, metadata.clone());
+                    let next = recorded
+                        .next_state
+                        .as_ref()
+                        .map(|n| view::next_state(n, &step));
+                    Turn { step, next }
+                })
+                .collect();
+            Some(Job::Trajectory {
+                view: bindings::Trajectory {
+                    turns,
+                    metadata,
+                    completion,
+                },
+            })
+        });
+    }
+
+    /// Reads the trajectory from the datapool (another replica recorded what is needed), then
+    /// submits the job `make` builds from it. Counts as a job of the trajectory meanwhile, so
+    /// its completion waits.
+    fn submit_loaded(
+        &self,
+        tenant: &TenantId,
+        trajectory: TrajectoryId,
+        until: Until,
+        make: impl FnOnce(&TrajectoryRecord) -> Option<Job> + Send + 'static,
+    ) {
+        let (Some(load), Some(runtime)) = (self.inner.load.get().cloned(), &self.runtime) else {
+            return;
         };
-        let view = bindings::Trajectory {
-            turns: entry.turns.into_iter().collect(),
-            metadata: entry.metadata,
-            completion: completion.to_owned(),
+        self.inner.settling().entry(trajectory).or_default().jobs += 1;
+        let inner = Arc::clone(&self.inner);
+        let submitter = Submitter {
+            inner: Arc::clone(&self.inner),
+            tasks: self.tasks.clone(),
+            handle: runtime.handle().clone(),
         };
-        self.submit(entry.tenant, trajectory, Job::Trajectory { view });
+        let tenant = tenant.clone();
+        self.tasks.spawn_on(
+            async move {
+                match load(tenant.clone(), trajectory, until).await {
+                    Some(record) => match make(&record) {
+                        Some(job) => submitter.submit(tenant, trajectory, job),
+                        None => {
+                            inner.metrics.dropped.inc();
+                        }
+                    },
+                    None => {
+                        tracing::warn!(%trajectory, ?until,
+                            "a step recorded by another replica did not reach the datapool in time: not evaluated");
+                        inner.metrics.dropped.inc();
+                    }
+                }
+                inner.job_done(trajectory);
+            },
+            runtime.handle(),
+        );
+    }
+
+    /// Forgets trajectories nothing happened to for `idle`: a pool's other replica finished
+    /// them (or the sweep did, elsewhere).
+    pub fn forget_idle(&self, idle: Duration) {
+        self.live()
+            .retain(|_, entry| entry.touched.elapsed() < idle);
     }
 
     /// Whether any plugin in service evaluates whole trajectories.
@@ -309,26 +472,12 @@ impl Filters {
 
     fn submit(&self, tenant: TenantId, trajectory: TrajectoryId, job: Job) {
         let Some(runtime) = &self.runtime else { return };
-        let inner = &self.inner;
-        if inner.queued.fetch_add(1, Ordering::AcqRel) >= inner.config.queue_capacity.max(1) {
-            inner.queued.fetch_sub(1, Ordering::AcqRel);
-            inner.metrics.dropped.inc();
-            return;
+        Submitter {
+            inner: Arc::clone(&self.inner),
+            tasks: self.tasks.clone(),
+            handle: runtime.handle().clone(),
         }
-        let inner = Arc::clone(inner);
-        let job = Arc::new(job);
-        inner.settling().entry(trajectory).or_default().jobs += 1;
-        self.tasks.spawn_on(
-            async move {
-                let evaluations = inner.evaluate(&tenant, trajectory, job).await;
-                inner.queued.fetch_sub(1, Ordering::AcqRel);
-                if !evaluations.is_empty() {
-                    (inner.deliver)(evaluations);
-                }
-                inner.job_done(trajectory);
-            },
-            runtime.handle(),
-        );
+        .submit(tenant, trajectory, job);
     }
 
     /// Waits (at most `grace`) for the evaluations in flight to be delivered, then stops.
@@ -345,6 +494,38 @@ impl Filters {
             );
         }
         self.inner.release_all();
+    }
+}
+
+/// What submitting a job takes, apart from the [`Filters`] (a task that loaded a trajectory
+/// submits from the filters' runtime).
+struct Submitter {
+    inner: Arc<Inner>,
+    tasks: TaskTracker,
+    handle: tokio::runtime::Handle,
+}
+
+impl Submitter {
+    fn submit(self, tenant: TenantId, trajectory: TrajectoryId, job: Job) {
+        let inner = self.inner;
+        if inner.queued.fetch_add(1, Ordering::AcqRel) >= inner.config.queue_capacity.max(1) {
+            inner.queued.fetch_sub(1, Ordering::AcqRel);
+            inner.metrics.dropped.inc();
+            return;
+        }
+        let job = Arc::new(job);
+        inner.settling().entry(trajectory).or_default().jobs += 1;
+        self.tasks.spawn_on(
+            async move {
+                let evaluations = inner.evaluate(&tenant, trajectory, job).await;
+                inner.queued.fetch_sub(1, Ordering::AcqRel);
+                if !evaluations.is_empty() {
+                    (inner.deliver)(evaluations);
+                }
+                inner.job_done(trajectory);
+            },
+            &self.handle,
+        );
     }
 }
 

@@ -171,13 +171,19 @@ async fn exact_answer_checks_the_final_answer_when_the_trajectory_completes() {
         }
         host.filters.opened(&trajectory);
         host.filters.step_recorded(&steps[0]);
-        host.filters
-            .next_state(trajectory.id, steps[0].id, &next_of(&steps[0]));
+        host.filters.next_state(
+            &trajectory.tenant,
+            trajectory.id,
+            steps[0].id,
+            &next_of(&steps[0]),
+        );
         host.filters.step_recorded(&steps[1]);
         let (settled, settled_rx) = std::sync::mpsc::channel();
         host.filters.completed(
+            &trajectory.tenant,
             trajectory.id,
             clawback_datapool::CompletionReason::DoneHeader,
+            2,
             Box::new(move || {
                 let _ = settled.send(());
             }),

@@ -34,7 +34,8 @@ async fn a_plugin_swapped_under_load_loses_no_evaluation() {
         step.id = StepId::new();
         step.index = i as u32;
         host.filters.step_recorded(&step);
-        host.filters.next_state(trajectory.id, step.id, &next);
+        host.filters
+            .next_state(&trajectory.tenant, trajectory.id, step.id, &next);
         sent.insert(step.id);
         if i == STEPS / 2 {
             // Written beside and renamed over, as a deploy would.

@@ -1,10 +1,13 @@
 //! Wires the filter host ([`clawback_filters::Filters`]) to the recorder: the recorder tells it
-//! about trajectories, steps and next states; its evaluations come back to the recorder's write
-//! queue. Started only when `filters.dir` (`--plugins DIR`) is set and recording is on.
+//! about trajectories, steps and next states; its evaluations come back to the recorder's
+//! journal; what another replica of a pool recorded it reads from the datapool. Started only
+//! when `filters.dir` (`--plugins DIR`) is set and recording is on.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use clawback_datapool::Evaluation;
+use clawback_datapool::{Evaluation, Store};
+use clawback_filters::dispatch::{Load, Until};
 use clawback_filters::{Deliver, Filters, FiltersError};
 
 use crate::config::Config;
@@ -31,6 +34,33 @@ pub async fn start(
     for (name, hash, description) in filters.plugins() {
         tracing::info!(plugin = %name, %hash, %description, "filter plugin in service");
     }
+    filters.load_with(loader(Arc::clone(recorder.store())));
     recorder.attach_filters(Arc::clone(&filters));
     Ok(Some(filters))
+}
+
+/// How long a replica waits for another one's write to reach the datapool before it gives the
+/// evaluation up (counted as a dropped filter job). Writes land within milliseconds unless the
+/// datapool is away.
+const LOAD_WITHIN: Duration = Duration::from_secs(10);
+
+/// Reads a trajectory from the datapool, polling until it holds what is asked.
+fn loader(store: Arc<dyn Store>) -> Load {
+    Arc::new(move |tenant, trajectory, until: Until| {
+        let store = Arc::clone(&store);
+        Box::pin(async move {
+            let deadline = Instant::now() + LOAD_WITHIN;
+            loop {
+                if let Ok(Some(record)) = store.trajectory(&tenant, &trajectory).await {
+                    if until.met_by(&record) {
+                        return Some(record);
+                    }
+                }
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    })
 }

@@ -80,8 +80,9 @@ enum Truth {
 }
 
 /// A two-call tool-using conversation: a tool call, then (after the tool result and the user's
-/// thanks) the final answer, closing the trajectory.
-async fn converse(sidecar: &Sidecar, session: &str, truth: Truth) -> Vec<u16> {
+/// thanks) the final answer, closing the trajectory. The second call goes to `then` (another
+/// replica of a pool, or the same sidecar).
+async fn converse(sidecar: &Sidecar, then: &Sidecar, session: &str, truth: Truth) -> Vec<u16> {
     let client = reqwest::Client::new();
     let (path, claimed) = match truth {
         Truth::Handshake => {
@@ -135,7 +136,7 @@ async fn converse(sidecar: &Sidecar, session: &str, truth: Truth) -> Vec<u16> {
                          "content": "{\"city\":\"Paris\",\"temperature\":21,\"unit\":\"celsius\"}"}));
     messages.push(json!({"role": "user", "content": "Thanks! Now tell me in one line."}));
     let second = client
-        .post(sidecar.url(&path))
+        .post(then.url(&path))
         .header("x-clawback-session", session)
         .header("x-clawback-done", "true")
         .json(&json!({"model": "mock-llama", "messages": messages}))
@@ -194,7 +195,7 @@ async fn every_example_plugin_scores_a_conversation_and_its_evaluation_lands_in_
     ]);
     let sidecar = sidecar_with(&plugins, &engine, &redis).await;
     assert_eq!(
-        converse(&sidecar, "weather-1", Truth::Handshake).await,
+        converse(&sidecar, &sidecar, "weather-1", Truth::Handshake).await,
         vec![200, 200]
     );
 
@@ -235,6 +236,37 @@ async fn every_example_plugin_scores_a_conversation_and_its_evaluation_lands_in_
     );
 }
 
+/// In a pool the next state and the trajectory's end reach a replica that did not record what
+/// they follow: it reads that from the datapool, and every plugin scores as with one sidecar.
+#[tokio::test(flavor = "multi_thread")]
+async fn plugins_in_a_pool_score_what_another_replica_recorded() {
+    let redis = RedisServer::start();
+    let engine = MockUpstream::start().await;
+    let plugins = plugin_dir(&["tool_outcome", "user_feedback", "exact_answer"]);
+    let first = sidecar_with(&plugins, &engine, &redis).await;
+    let second = sidecar_with(&plugins, &engine, &redis).await;
+    assert_eq!(
+        converse(&first, &second, "pool-1", Truth::Handshake).await,
+        vec![200, 200]
+    );
+    let record = stored(&redis, 3).await;
+    let first_step = record.steps[0].id;
+    for (plugin, step) in [
+        ("tool_outcome", Some(first_step)),
+        ("user_feedback", Some(first_step)),
+        ("exact_answer", None),
+    ] {
+        let evaluation = from(&record, plugin);
+        assert_eq!(evaluation.step, step, "{plugin}");
+        assert!(
+            matches!(evaluation.verdict, Verdict::Score { reward: Some(r), .. } if r == 1.0),
+            "{plugin}: {:?}",
+            evaluation.verdict
+        );
+    }
+    assert_eq!(record.evaluations.len(), 3, "{:#?}", record.evaluations);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_answer_the_agent_claims_in_its_own_body_is_no_ground_truth() {
     let redis = RedisServer::start();
@@ -242,7 +274,7 @@ async fn an_answer_the_agent_claims_in_its_own_body_is_no_ground_truth() {
     let plugins = plugin_dir(&["exact_answer", "tool_outcome"]);
     let sidecar = sidecar_with(&plugins, &engine, &redis).await;
     assert_eq!(
-        converse(&sidecar, "self-graded", Truth::AgentBody).await,
+        converse(&sidecar, &sidecar, "self-graded", Truth::AgentBody).await,
         vec![200, 200]
     );
     // tool_outcome's evaluation shows the plugins ran; exact_answer found no trusted answer.
@@ -287,7 +319,7 @@ async fn hostile_plugins_are_isolated_and_the_stored_evaluation_says_why() {
     config.filters.memory_limit = 16 << 20;
     let sidecar = Sidecar::start(config).await;
     assert_eq!(
-        converse(&sidecar, "hostile-1", Truth::AgentBody).await,
+        converse(&sidecar, &sidecar, "hostile-1", Truth::AgentBody).await,
         vec![200, 200]
     );
     // The sidecar keeps serving while the hostile plugins are being stopped.

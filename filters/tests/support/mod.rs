@@ -83,7 +83,8 @@ impl Host {
     ) -> Vec<Evaluation> {
         self.filters.opened(trajectory);
         self.filters.step_recorded(step);
-        self.filters.next_state(trajectory.id, step.id, next);
+        self.filters
+            .next_state(&trajectory.tenant, trajectory.id, step.id, next);
         self.next_batch().await
     }
 

@@ -318,7 +318,7 @@ impl Recorder {
                 observed_at: UnixMs::now(),
             };
             if let Some(filters) = self.filters.get() {
-                filters.next_state(joined.trajectory, previous.step, &next_state);
+                filters.next_state(&tenant, joined.trajectory, previous.step, &next_state);
             }
             leading.push(WriteOp::SetNextState {
                 tenant: tenant.clone(),
@@ -607,8 +607,10 @@ impl Recorder {
             Some(filters) => {
                 let sink = self.sink.clone();
                 filters.completed(
+                    tenant,
                     finishing.trajectory,
                     finishing.reason,
+                    finishing.steps,
                     Box::new(move || sink.write(vec![op])),
                 );
                 None
@@ -673,6 +675,9 @@ impl Recorder {
     /// Completes trajectories idle past the timeout (whichever replica sweeps first), and
     /// releases groups past theirs.
     pub async fn sweep(&self) {
+        if let Some(filters) = self.filters.get() {
+            filters.forget_idle(self.config.idle_timeout);
+        }
         let tenants = self.tenants().await;
         let cutoff = UnixMs::now().saturating_sub(self.config.group_timeout);
         for tenant in tenants {
