@@ -486,7 +486,10 @@ impl Sessions for LocalSessions {
             }
             let index = row.next_index;
             row.next_index += 1;
-            row.last_step = Some(step.clone());
+            if done.answered {
+                row.last_step = Some(step.clone());
+                row.covered = done.covered;
+            }
             if row.finish_after.is_none() {
                 row.finish_after = done.finish.map(|r| r.as_str().to_owned());
             }
@@ -499,7 +502,7 @@ impl Sessions for LocalSessions {
                     id,
                     row.next_index,
                     row.last_step,
-                    done.covered,
+                    row.covered,
                     done.now.0 as i64,
                     row.finish_after
                 ],
@@ -515,10 +518,13 @@ impl Sessions for LocalSessions {
                 }
             }
             // The previous call's keys give way to this one's: a call that branches from an
-            // older point of the conversation starts a new trajectory.
-            release_all_keys(tx, tenant, &id)?;
-            for key in &done.keys {
-                hold_key(tx, tenant, &id, &hash_hex(key.hash), key.context_rebuilt)?;
+            // older point of the conversation starts a new trajectory. An unanswered call
+            // leaves them: the conversation goes on from the call before.
+            if done.answered {
+                release_all_keys(tx, tenant, &id)?;
+                for key in &done.keys {
+                    hold_key(tx, tenant, &id, &hash_hex(key.hash), key.context_rebuilt)?;
+                }
             }
             Ok(StepSlot {
                 index: Some(index),

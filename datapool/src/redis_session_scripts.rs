@@ -153,8 +153,8 @@ return {open, 1, ambiguous, '0', '', '0', '', '', ''}
     )
 });
 
-/// ARGV: prefix, trajectory, step, covered, now, stale_before, ttl, finish reason or "", then
-/// the step's stitching keys `{hash}:{context_rebuilt}`.
+/// ARGV: prefix, trajectory, step, covered, now, stale_before, ttl, finish reason or "",
+/// answered 1/0, then the step's stitching keys `{hash}:{context_rebuilt}`.
 /// Returns {index (-1: not live), finishing reason or "", steps}.
 pub(crate) static STEP_DONE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -172,17 +172,22 @@ if redis.call('HGET', h, 'last') == step then
   return {tonumber(redis.call('HGET', h, 'next')) - 1, '', 0}
 end
 local index = redis.call('HINCRBY', h, 'next', 1) - 1
-redis.call('HSET', h, 'last', step, 'covered', ARGV[4])
+local answered = ARGV[9] == '1'
+if answered then redis.call('HSET', h, 'last', step, 'covered', ARGV[4]) end
 if ARGV[8] ~= '' then redis.call('HSETNX', h, 'after', ARGV[8]) end
 local after = redis.call('HGET', h, 'after')
 if after and not busy(h, stale_before) then
   local f = finish_now(id, h, after, ttl)
   return {index, f[2], f[3]}
 end
+if not answered then
+  touch(id, h, now, ttl)
+  return {index, '', 0}
+end
 -- The previous call's keys give way to this one's.
 release_keys(id, h)
 local held = {}
-for i = 9, #ARGV do
+for i = 10, #ARGV do
   local k, ctx = split(ARGV[i], ':')
   local sk = stitch_key(k)
   local v = redis.call('GET', sk)

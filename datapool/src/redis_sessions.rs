@@ -119,7 +119,8 @@ impl Sessions for RedisStore {
                 done.finish
                     .map(CompletionReason::as_str)
                     .unwrap_or_default(),
-            );
+            )
+            .arg(if done.answered { "1" } else { "0" });
         for key in &done.keys {
             invocation.arg(format!(
                 "{}:{}",

@@ -114,7 +114,12 @@ pub struct StepDone {
     pub step: StepId,
     /// Items of the call's history plus its reply.
     pub covered: u32,
-    /// The keys the next call may continue it by; none when its answer was not whole.
+    /// The answer reached its end (the engine did not break off): the conversation goes on
+    /// from this step. An unanswered step is numbered and kept, but the trajectory goes on
+    /// from the step before it — the agent's retry of the call continues it, and brings the
+    /// next state of that earlier step.
+    pub answered: bool,
+    /// The keys the next call may continue it by (when answered).
     pub keys: Vec<StitchKey>,
     /// The call was the trajectory's last (a done header): finish once no call is in flight.
     pub finish: Option<CompletionReason>,

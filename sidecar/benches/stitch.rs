@@ -97,6 +97,7 @@ async fn one_call(
         .unwrap_or_else(|e| panic!("join: {e}"));
     let done = StepDone {
         tenant: tenant.clone(),
+        answered: true,
         trajectory: joined.trajectory,
         step,
         covered: 1,

@@ -59,6 +59,7 @@ async fn done(
         .step_done(
             &StepDone {
                 tenant: tenant.clone(),
+                answered: true,
                 trajectory: joined.trajectory,
                 step,
                 covered: 3,
@@ -268,6 +269,7 @@ pub async fn a_completion_waits_for_the_calls_in_flight_and_is_answered_once(
         .step_done(
             &StepDone {
                 tenant: tenant.clone(),
+                answered: true,
                 trajectory: t.trajectory,
                 step: call,
                 covered: 2,
@@ -292,6 +294,7 @@ pub async fn a_completion_waits_for_the_calls_in_flight_and_is_answered_once(
         .step_done(
             &StepDone {
                 tenant: tenant.clone(),
+                answered: true,
                 trajectory: t.trajectory,
                 step: call,
                 covered: 2,
@@ -349,6 +352,7 @@ pub async fn a_last_call_finishes_its_trajectory_and_an_abandoned_call_leaves_it
         .step_done(
             &StepDone {
                 tenant: tenant.clone(),
+                answered: true,
                 trajectory: t.trajectory,
                 step: call,
                 covered: 2,
@@ -546,4 +550,41 @@ pub async fn a_call_continues_across_replicas(
         .filter(|f| f.trajectory == t.trajectory)
         .collect();
     assert_eq!(finished.len(), 1, "{finished:?}");
+}
+
+/// A call whose answer broke off (the engine died mid-stream) is numbered and kept, but the
+/// conversation goes on from the step before it: the agent's retry continues the trajectory.
+pub async fn a_retry_after_a_broken_answer_continues_the_trajectory(
+    sessions: &dyn Sessions,
+    tenant: &TenantId,
+) {
+    let now = t0();
+    let (j, call) = join_as(tenant, Anchor::New, now);
+    let t = join(sessions, &j).await;
+    let k1 = key();
+    done(sessions, tenant, &t, call, &[k1], now).await;
+    let (j, broken) = join_as(tenant, prefixes(&[(k1, 3)]), now);
+    let attempt = join(sessions, &j).await;
+    let slot = sessions
+        .step_done(
+            &StepDone {
+                tenant: tenant.clone(),
+                trajectory: attempt.trajectory,
+                step: broken,
+                covered: 5,
+                answered: false,
+                keys: vec![],
+                finish: None,
+                now,
+            },
+            TIMING,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("step_done: {e}"));
+    assert_eq!(slot.index, Some(1));
+    let (j, _) = join_as(tenant, prefixes(&[(k1, 3)]), now);
+    let retry = join(sessions, &j).await;
+    assert_eq!(retry.trajectory, t.trajectory, "{retry:?}");
+    assert_eq!(retry.previous.map(|p| p.step), Some(call));
+    assert_eq!(retry.next_index, 2);
 }

@@ -197,7 +197,9 @@ impl Journal {
         struct RecordRef<'a> {
             ops: &'a [WriteOp],
         }
-        let mut line = serde_json::to_vec(&RecordRef { ops }).map_err(|e| self.fail(e.into()))?;
+        // Sized for a typical record (a step with its tokens and logprobs): no regrowth.
+        let mut line = Vec::with_capacity(32 << 10);
+        serde_json::to_writer(&mut line, &RecordRef { ops }).map_err(|e| self.fail(e.into()))?;
         line.push(b'\n');
         let mut tail = self.tail();
         let start = tail.end;

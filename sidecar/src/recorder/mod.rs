@@ -509,6 +509,7 @@ impl Recorder {
             trajectory: call.trajectory,
             step: call.step,
             covered: u32::try_from(covered).unwrap_or(u32::MAX),
+            answered: outcome.complete,
             keys,
             finish: call.done.then_some(CompletionReason::DoneHeader),
             now: UnixMs::now(),

@@ -228,6 +228,7 @@ mod tests {
             self.run(self.sessions.join(&join, TIMING)).unwrap();
             let done = StepDone {
                 tenant: tenant.clone(),
+                answered: true,
                 trajectory: *t,
                 step,
                 covered: request.len() as u32 + 1,

@@ -59,6 +59,9 @@ pub struct StepReport {
     pub samples_stats: SampleStats,
     /// ... and what scoring and batching left out.
     pub dropped: Dropped,
+    /// The recorded steps this optimizer step trained on (their ids, from the datapool): an
+    /// audit trail that no step is trained twice, across restarts too (the JSONL log only).
+    pub trained_steps: Vec<clawback_datapool::StepId>,
 }
 
 /// Train/inference agreement over one step: on generated tokens whose behaviour log-prob was
@@ -655,6 +658,7 @@ mod tests {
                 filter_errors: 1,
                 ..Dropped::default()
             },
+            trained_steps: Vec::new(),
         }
     }
 

@@ -204,12 +204,13 @@ impl TenantTrainer {
         if report.is_err() {
             self.optimizer.zero_grad();
         }
-        let report = report?;
-        if report.is_some() {
+        let mut report = report?;
+        if let Some(report) = &mut report {
             for item in &items {
                 for step in &item.sample.step_ids {
                     self.applied.insert(*step);
                     self.applied_since_checkpoint.push(*step);
+                    report.trained_steps.push(*step);
                 }
             }
             self.steps_since_checkpoint += 1;
@@ -299,6 +300,7 @@ impl TenantTrainer {
             outside_support: acc.outside_support as u64,
             samples_stats: self.stats,
             dropped: self.dropped,
+            trained_steps: Vec::new(),
         }))
     }
 
