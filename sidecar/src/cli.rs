@@ -301,20 +301,24 @@ fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => return fail(&e),
     };
     runtime.block_on(async move {
-        let listener = match server::bind(config.listen).await {
+        let (listen, admin_listen) = (config.listen, config.admin.listen);
+        // Ready first (datapool, plugins, a predecessor's journal under way), then listening:
+        // a replica that is starting accepts no connection it would only leave waiting, so a
+        // front door sends the call to another one meanwhile.
+        let app = match App::new(config).await {
+            Ok(app) => app,
+            Err(e) => return fail(&e),
+        };
+        let listener = match server::bind(listen).await {
             Ok(listener) => listener,
             Err(e) => return fail(&e),
         };
-        let admin = match config.admin.listen {
+        let admin = match admin_listen {
             Some(addr) => match server::bind(addr).await {
                 Ok(listener) => Some(listener),
                 Err(e) => return fail(&e),
             },
             None => None,
-        };
-        let app = match App::new(config).await {
-            Ok(app) => app,
-            Err(e) => return fail(&e),
         };
         if let Some(Ok(addr)) = admin.as_ref().map(TcpListener::local_addr) {
             println!("clawback-sidecar admin API listening on http://{addr}");

@@ -168,6 +168,9 @@ struct Served {
     next: Option<Value>,
     /// The handshake trajectory of a rollout.
     trajectory: Option<String>,
+    /// When the agent first sent it, and how many attempts it took (ms since the epoch).
+    sent_at: u64,
+    attempts: usize,
 }
 
 #[derive(Default)]
@@ -178,8 +181,15 @@ struct Ledger {
     groups: usize,
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// One chat call through the front door, retried until it is answered whole (as an agent
-/// retries): the answer's text. Counts the failed attempts of `session` in `ledger`.
+/// retries): the answer's text and how many attempts it took. Counts the failed attempts of
+/// `session` in `ledger`.
 async fn chat(
     http: &reqwest::Client,
     base: &str,
@@ -188,7 +198,7 @@ async fn chat(
     done: bool,
     session: &str,
     ledger: &Mutex<Ledger>,
-) -> Option<String> {
+) -> Option<(String, usize)> {
     for attempt in 0..60 {
         if attempt > 0 {
             *ledger
@@ -248,11 +258,11 @@ async fn chat(
                 }
             }
             if whole {
-                return Some(text);
+                return Some((text, attempt + 1));
             }
         } else if let Ok(answer) = response.json::<Value>().await {
             if let Some(text) = answer["choices"][0]["message"]["content"].as_str() {
-                return Some(text.to_owned());
+                return Some((text.to_owned(), attempt + 1));
             }
         }
     }
@@ -289,8 +299,9 @@ async fn session(
     for turn in 0..3 {
         let marker = format!("[{name}-t{turn}]");
         let body = json!({"model": MODEL, "messages": messages, "max_tokens": 12,
-                          "stream": (seed + turn as u64) % 2 == 0});
-        let Some(content) = chat(
+                          "stream": (seed + turn as u64).is_multiple_of(2)});
+        let sent_at = now_ms();
+        let Some((content, attempts)) = chat(
             http,
             base,
             "/v1/chat/completions",
@@ -305,7 +316,7 @@ async fn session(
         };
         let reply = json!({"role": "assistant", "content": content});
         let next = if turn < 2 {
-            let text = if (seed + turn as u64) % 3 == 0 {
+            let text = if (seed + turn as u64).is_multiple_of(3) {
                 format!("No, that's wrong. Try again. [{name}-t{}]", turn + 1)
             } else {
                 format!("Thanks! Now another one. [{name}-t{}]", turn + 1)
@@ -321,6 +332,8 @@ async fn session(
             content,
             next: next.clone(),
             trajectory: None,
+            sent_at,
+            attempts,
         });
         messages.push(reply);
         match next {
@@ -351,7 +364,10 @@ async fn rollouts(http: &reqwest::Client, base: &str, name: &str, ledger: &Mutex
         let body = json!({"model": MODEL, "max_tokens": 12, "messages": [
             {"role": "user", "content": format!("Write a word. {marker}")}]});
         let path = format!("/s/{id}/v1/chat/completions");
-        let Some(content) = chat(http, base, &path, &body, false, &rollout, ledger).await else {
+        let sent_at = now_ms();
+        let Some((content, attempts)) =
+            chat(http, base, &path, &body, false, &rollout, ledger).await
+        else {
             return;
         };
         let reward = if content.len() % 2 == 0 { 1.0 } else { -1.0 };
@@ -369,6 +385,8 @@ async fn rollouts(http: &reqwest::Client, base: &str, name: &str, ledger: &Mutex
             content,
             next: None,
             trajectory: Some(id),
+            sent_at,
+            attempts,
         });
         if k == 0 {
             ledger.groups += 1;
@@ -476,8 +494,11 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(17);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dir = dir.path();
+    // Kept after the run (logs of every part) under the target folder.
+    let run = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chaos");
+    let _ = std::fs::remove_dir_all(&run);
+    std::fs::create_dir_all(&run).expect("run folder");
+    let dir = run.as_path();
 
     // The model, Redis, the backend.
     let model = dir.join("model");
@@ -540,6 +561,10 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
                 "recording.group_timeout=\"20s\"",
                 "--set",
                 "recording.session_timeout=\"6s\"",
+                // A call in flight on a replica the monkey killed holds its trajectory open
+                // this long (an hour by default).
+                "--set",
+                "recording.stale_call=\"15s\"",
                 "--set",
                 "timeouts.upstream_connect=\"1s\"",
             ],
@@ -719,8 +744,34 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
     for (session, trajectories) in &trajectories_of {
         let allowed = 1 + ledger.retried.get(*session).copied().unwrap_or(0);
         if trajectories.len() > allowed {
+            let timeline: Vec<String> = ledger
+                .served
+                .iter()
+                .filter(|c| c.session == **session)
+                .map(|c| {
+                    format!(
+                        "turn {} sent at {} in {} attempt(s)",
+                        c.turn, c.sent_at, c.attempts
+                    )
+                })
+                .collect();
+            let steps: Vec<String> = trajectories
+                .iter()
+                .flat_map(|&t| {
+                    let records = &records;
+                    records[t].steps.iter().map(move |s| {
+                        format!(
+                            "trajectory {} step {} started {} finished {}",
+                            records[t].trajectory.id,
+                            s.index,
+                            s.timings.started_at.0,
+                            s.timings.finished_at.0
+                        )
+                    })
+                })
+                .collect();
             problems.push(format!(
-                "session {session} is split over {} trajectories",
+                "session {session} is split over {} trajectories: {timeline:?} {steps:?}",
                 trajectories.len()
             ));
         }
@@ -776,28 +827,16 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
         records.len(),
         trained.len()
     );
+    let _ = std::fs::write(dir.join("nginx.log"), nginx.logs());
     assert!(
         problems.is_empty(),
-        "{} problems:\n{}\n--- sidecar 0 ---\n{}\n--- trainer ---\n{}",
+        "{} problems (every part's log is in {}):\n{}",
         problems.len(),
+        dir.display(),
         problems
             .iter()
             .take(30)
             .cloned()
-            .collect::<Vec<_>>()
-            .join("\n"),
-        sidecars[0]
-            .logs()
-            .lines()
-            .rev()
-            .take(40)
-            .collect::<Vec<_>>()
-            .join("\n"),
-        trainer
-            .logs()
-            .lines()
-            .rev()
-            .take(40)
             .collect::<Vec<_>>()
             .join("\n"),
     );
@@ -806,6 +845,5 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
         "the trainer never stepped:\n{}",
         trainer.logs()
     );
-    drop(nginx);
     backend.kill();
 }

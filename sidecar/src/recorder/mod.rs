@@ -160,7 +160,7 @@ pub enum StartError {
     Redact(#[from] regex::Error),
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
-    #[error("the local session state: {0}")]
+    #[error("the replica's own session state (data_dir/{FALLBACK_SESSIONS}): {0}")]
     Sessions(#[from] clawback_datapool::Error),
 }
 
@@ -176,6 +176,9 @@ pub struct Recorder {
     /// The Responses calls' conversations, by response id.
     responses: crate::session::responses::StoredResponses,
 }
+
+/// The file in `data_dir` of the sessions this replica keeps while the shared state is away.
+pub const FALLBACK_SESSIONS: &str = "fallback-sessions.sqlite3";
 
 /// Trajectories one sweep finishes per tenant at most (the next sweep takes the rest).
 const SWEEP_LIMIT: usize = 1000;
@@ -214,7 +217,8 @@ impl Recorder {
         // A SQLite file has no network to wait out: its operations run to their end.
         let timeout = (remote_sessions && !config.session_timeout.is_zero())
             .then_some(config.session_timeout);
-        let sessions = SessionState::new(sessions, timing, timeout, Arc::clone(&metrics))?;
+        let local = clawback_datapool::LocalSessions::open(data_dir.join(FALLBACK_SESSIONS))?;
+        let sessions = SessionState::new(sessions, local, timing, timeout, Arc::clone(&metrics));
         let config_responses_max_bytes = config.responses_max_bytes;
         let recorder = Arc::new(Self {
             sink: Sink {
@@ -713,7 +717,7 @@ impl Recorder {
         }
     }
 
-    /// At shutdown: completes the trajectories only this process knows (opened while the
+    /// At shutdown: completes the trajectories only this replica knows (opened while the
     /// shared session state was unreachable). Shared ones stay live: another replica, or this
     /// one restarted, continues them.
     pub async fn complete_local(&self) {

@@ -1,6 +1,6 @@
 //! The session state the recorder consults on every call: the datapool's shared [`Sessions`]
-//! (Redis for a pool, the embedded SQLite file for replicas on one machine), and this process's
-//! own, in memory, for when the shared state cannot be reached.
+//! (Redis for a pool, the embedded SQLite file for replicas on one machine), and this replica's
+//! own (a SQLite file in its data folder) for when the shared state cannot be reached.
 //!
 //! A call never fails because of session state. An operation on the shared state is retried
 //! until `recording.session_timeout` (a Redis restarting is ridden out; the datapool answers a
@@ -53,21 +53,24 @@ pub struct SessionState {
 pub struct Unreachable(String);
 
 impl SessionState {
+    /// `local` is where this process keeps sessions while the shared state is unreachable: a
+    /// file in its data folder, so a restarted process finds (and finishes) them.
     pub fn new(
         shared: Arc<dyn Sessions>,
+        local: LocalSessions,
         timing: Timing,
         timeout: Option<Duration>,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, clawback_datapool::Error> {
-        Ok(SessionState {
+    ) -> Self {
+        SessionState {
             shared,
-            local: LocalSessions::in_memory()?,
+            local,
             timing,
             timeout,
             skip_until: AtomicU64::new(0),
             epoch: Instant::now(),
             metrics,
-        })
+        }
     }
 
     pub fn timing(&self) -> Timing {
@@ -247,9 +250,15 @@ impl SessionState {
         }
     }
 
-    /// Idle trajectories of `tenant` finished by this sweep, from both states.
+    /// Idle trajectories of `tenant` finished by this sweep, from both states. A trajectory
+    /// counts as idle only after the idle time plus the session timeout: a call may have been
+    /// waiting that long for the shared state (Redis restarting) to join it.
     pub async fn finish_idle(&self, tenant: &TenantId, limit: usize) -> Vec<Finishing> {
-        let (timing, now) = (self.timing, UnixMs::now());
+        let now = UnixMs::now();
+        let timing = Timing {
+            idle: self.timing.idle + self.timeout.unwrap_or_default(),
+            ..self.timing
+        };
         let mut finished = self
             .on_shared("finish_idle", |s| {
                 let tenant = tenant.clone();

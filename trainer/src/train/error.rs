@@ -51,4 +51,10 @@ impl TrainError {
     pub fn datapool(what: &'static str) -> impl FnOnce(clawback_datapool::Error) -> Self {
         move |source| TrainError::Datapool { what, source }
     }
+
+    /// The datapool could not be reached (Redis down or restarting): the loop waits and tries
+    /// again rather than exit — what was read and not acked is delivered again.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, TrainError::Datapool { source, .. } if source.is_unavailable())
+    }
 }

@@ -166,6 +166,9 @@ async fn wait_for_signal() {
     }
 }
 
+/// The longest pause between attempts while the datapool is unreachable.
+const OUTAGE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
 struct Loop<'a> {
     config: &'a TrainConfig,
     rt: &'a Runtime,
@@ -184,7 +187,28 @@ struct Loop<'a> {
 }
 
 impl Loop<'_> {
+    /// Rounds until `stop`; an unreachable datapool is waited out (with a growing pause, at
+    /// most [`OUTAGE_BACKOFF_MAX`]), any other failure ends the loop.
     fn run(&mut self, options: RunOptions, stop: &AtomicBool) -> Result<(), TrainError> {
+        let mut backoff = self.config.poll_interval;
+        while !stop.load(Ordering::SeqCst) {
+            match self.rounds(options, stop) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_transient() => {
+                    eprintln!("clawback-trainer: {e}; trying again in {backoff:?}");
+                    let until = Instant::now() + backoff;
+                    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    backoff = (backoff * 2).min(OUTAGE_BACKOFF_MAX);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn rounds(&mut self, options: RunOptions, stop: &AtomicBool) -> Result<(), TrainError> {
         let mut tenants: Vec<TenantId> = Vec::new();
         let mut looked_up: Option<Instant> = None;
         while !stop.load(Ordering::SeqCst) {
