@@ -4,7 +4,8 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `clawback:tenants` | set | every tenant that has data (the only key without a tenant tag) |
+//! | `clawback:tenants` | set | every tenant that has data (a key without a tenant tag) |
+//! | `clawback:session-key:{sha256}` | string | `{tenant}\|{trajectory}` a handshake session key stands for (untagged: the call presenting it has no tenant yet) |
 //! | `clawback:{t}:trajs` | zset (score 0, lex order = UUIDv7 time order) | trajectory ids, oldest first |
 //! | `clawback:{t}:traj:{id}` | hash | `json` header, `status`, `completed_at`, `group`, `group_size`, `steps`, `bytes` |
 //! | `clawback:{t}:traj:{id}:steps` | stream | one entry per step: `id`, `json` (`XADD MAXLEN ~`) |
@@ -29,6 +30,11 @@ use crate::ids::{GroupId, TenantId, TrajectoryId};
 
 /// The set of tenants with data. Not tenant-tagged: it is the index across tenants.
 pub const TENANTS: &str = "clawback:tenants";
+
+/// What a session key (by its SHA-256, hex) stands for.
+pub fn session_key(digest_hex: &str) -> String {
+    format!("clawback:session-key:{digest_hex}")
+}
 
 /// The key prefix of one tenant, hash tag included.
 pub fn tenant_prefix(tenant: &TenantId) -> String {

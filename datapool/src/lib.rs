@@ -33,8 +33,8 @@ pub use local_store::LocalStore;
 pub use redis_store::{Caps, RedisConfig, RedisStore};
 pub use schema::*;
 pub use sessions::{
-    Anchor, Finish, Finishing, Join, Joined, Matched, Prefix, Previous, Sessions, StepDone,
-    StepSlot, StitchKey, Timing,
+    Anchor, Finish, Finishing, Join, Joined, KeyedSession, Matched, Prefix, Previous, Sessions,
+    StepDone, StepSlot, StitchKey, Timing,
 };
 pub use spool::{SpoolConfig, SpoolStats, SpooledStore, WriteOp};
 pub use store::{

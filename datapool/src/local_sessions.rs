@@ -19,8 +19,8 @@ use crate::error::Result;
 use crate::ids::{StepId, TenantId, TrajectoryId, UnixMs};
 use crate::schema::CompletionReason;
 use crate::sessions::{
-    hash_hex, Anchor, Finish, Finishing, Join, Joined, Matched, Previous, Sessions, StepDone,
-    StepSlot, Timing,
+    digest_hex, hash_hex, Anchor, Finish, Finishing, Join, Joined, KeyedSession, Matched, Previous,
+    Sessions, StepDone, StepSlot, Timing, SESSION_KEY_TTL,
 };
 
 const SCHEMA: &str = r#"
@@ -46,6 +46,9 @@ CREATE TABLE IF NOT EXISTS finished (
     last_step TEXT, at INTEGER NOT NULL,
     PRIMARY KEY (tenant, id));
 CREATE INDEX IF NOT EXISTS finished_by_age ON finished (at);
+CREATE TABLE IF NOT EXISTS session_keys (
+    digest TEXT PRIMARY KEY, tenant TEXT NOT NULL, trajectory TEXT NOT NULL,
+    expires INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS live_keys (
     tenant TEXT NOT NULL, trajectory TEXT NOT NULL, key TEXT NOT NULL,
     PRIMARY KEY (tenant, trajectory, key));
@@ -665,6 +668,52 @@ impl Sessions for LocalSessions {
                 "UPDATE live SET evaluation_only = 1 WHERE tenant = ?1 AND id = ?2",
                 [&tenant, &id],
             )? > 0)
+        })
+        .await
+    }
+
+    async fn put_session_key(&self, digest: &[u8; 32], session: &KeyedSession) -> Result<()> {
+        let (digest, session) = (digest_hex(digest), session.clone());
+        let expires = UnixMs::now().0 + SESSION_KEY_TTL.as_millis() as u64;
+        self.transaction(move |tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO session_keys (digest, tenant, trajectory, expires)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    digest,
+                    session.tenant.as_str(),
+                    session.trajectory.to_string(),
+                    expires as i64
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn session_key(&self, digest: &[u8; 32]) -> Result<Option<KeyedSession>> {
+        let digest = digest_hex(digest);
+        let now = UnixMs::now().0;
+        self.transaction(move |tx| {
+            let row: Option<(String, String)> = tx
+                .query_row(
+                    "SELECT tenant, trajectory FROM session_keys
+                     WHERE digest = ?1 AND expires > ?2",
+                    params![digest, now as i64],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let Some((tenant, trajectory)) = row else {
+                return Ok(None);
+            };
+            tx.execute(
+                "UPDATE session_keys SET expires = ?2 WHERE digest = ?1",
+                params![digest, (now + SESSION_KEY_TTL.as_millis() as u64) as i64],
+            )?;
+            Ok(Some(KeyedSession {
+                tenant: TenantId::new(tenant)?,
+                trajectory: parse_stored("session key trajectory", &trajectory)?,
+            }))
         })
         .await
     }

@@ -13,8 +13,8 @@ use crate::redis_session_scripts::{
 use crate::redis_store::RedisStore;
 use crate::schema::CompletionReason;
 use crate::sessions::{
-    hash_hex, Anchor, Finish, Finishing, Join, Joined, Matched, Previous, Sessions, StepDone,
-    StepSlot, Timing,
+    digest_hex, hash_hex, Anchor, Finish, Finishing, Join, Joined, KeyedSession, Matched, Previous,
+    Sessions, StepDone, StepSlot, Timing, SESSION_KEY_TTL,
 };
 
 fn millis(timing: std::time::Duration) -> u64 {
@@ -230,6 +230,39 @@ impl Sessions for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(set == 1)
+    }
+
+    async fn put_session_key(&self, digest: &[u8; 32], session: &KeyedSession) -> Result<()> {
+        // Not tenant-tagged: the call that presents the key does not know its tenant yet.
+        let _: () = redis::cmd("SET")
+            .arg(keys::session_key(&digest_hex(digest)))
+            .arg(format!("{}|{}", session.tenant, session.trajectory))
+            .arg("PX")
+            .arg(millis(SESSION_KEY_TTL))
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn session_key(&self, digest: &[u8; 32]) -> Result<Option<KeyedSession>> {
+        let value: Option<String> = redis::cmd("GETEX")
+            .arg(keys::session_key(&digest_hex(digest)))
+            .arg("PX")
+            .arg(millis(SESSION_KEY_TTL))
+            .query_async(&mut self.conn())
+            .await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let bad = || Error::UnexpectedReply {
+            what: "session key",
+            detail: format!("{value:?}"),
+        };
+        let (tenant, trajectory) = value.split_once('|').ok_or_else(bad)?;
+        Ok(Some(KeyedSession {
+            tenant: TenantId::new(tenant)?,
+            trajectory: parse_stored("session key trajectory", trajectory)?,
+        }))
     }
 
     async fn live_tenants(&self) -> Result<Vec<TenantId>> {

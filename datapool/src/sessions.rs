@@ -236,6 +236,33 @@ pub trait Sessions: Send + Sync {
 
     /// Tenants that may have live trajectories, for the idle sweep (a store may answer more).
     async fn live_tenants(&self) -> Result<Vec<TenantId>>;
+
+    /// Keeps what a session key stands for (the handshake minted it), by the key's SHA-256, for
+    /// [`SESSION_KEY_TTL`] after its last use.
+    async fn put_session_key(&self, digest: &[u8; 32], session: &KeyedSession) -> Result<()>;
+
+    /// What the session key with this digest stands for, if any; a use keeps it another
+    /// [`SESSION_KEY_TTL`].
+    async fn session_key(&self, digest: &[u8; 32]) -> Result<Option<KeyedSession>>;
+}
+
+/// How long a session key is kept after its last use.
+pub const SESSION_KEY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The trajectory (and its tenant) a session key puts calls in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedSession {
+    pub tenant: TenantId,
+    pub trajectory: TrajectoryId,
+}
+
+/// A session key's digest as stored: 64 lower-case hex digits.
+pub(crate) fn digest_hex(digest: &[u8; 32]) -> String {
+    use std::fmt::Write as _;
+    digest.iter().fold(String::with_capacity(64), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
 }
 
 /// A stitching hash as stored: 32 lower-case hex digits.

@@ -33,7 +33,9 @@ use crate::schema::CompletionReason;
 use crate::schema::{
     Evaluation, Group, NextState, PolicyVersion, Step, Trajectory, TrajectoryRecord,
 };
-use crate::sessions::{Finish, Finishing, Join, Joined, Sessions, StepDone, StepSlot, Timing};
+use crate::sessions::{
+    Finish, Finishing, Join, Joined, KeyedSession, Sessions, StepDone, StepSlot, Timing,
+};
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
     DeliveryId, Store,
@@ -492,5 +494,13 @@ impl Sessions for SpooledStore {
 
     async fn live_tenants(&self) -> Result<Vec<TenantId>> {
         self.shared.redis.live_tenants().await
+    }
+
+    async fn put_session_key(&self, digest: &[u8; 32], session: &KeyedSession) -> Result<()> {
+        self.shared.redis.put_session_key(digest, session).await
+    }
+
+    async fn session_key(&self, digest: &[u8; 32]) -> Result<Option<KeyedSession>> {
+        self.shared.redis.session_key(digest).await
     }
 }

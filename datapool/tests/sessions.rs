@@ -73,6 +73,7 @@ async fn sessions_in_a_sqlite_file_shared_by_two_processes_worth_of_connections(
     let b = LocalSessions::open(&path).unwrap_or_else(|e| panic!("{e}"));
     let tenant: TenantId = fresh_tenant("two-files");
     scenarios::a_call_continues_across_replicas(&a, &b, &tenant).await;
+    scenarios::a_session_key_resolves_on_every_replica(&a, &b, &tenant).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,4 +88,5 @@ async fn sessions_in_redis() {
     let tenant = fresh_tenant("two-replicas");
     let _keys = TenantKeys::new(&redis_url(), &tenant);
     scenarios::a_call_continues_across_replicas(&store, &other, &tenant).await;
+    scenarios::a_session_key_resolves_on_every_replica(&store, &other, &tenant).await;
 }

@@ -68,8 +68,6 @@ pub struct App {
     pub recorder: Option<Arc<Recorder>>,
     /// `None` when routing is off (`routing.base_model` unset).
     pub router: Option<Router>,
-    /// The per-session API keys the handshake API minted ([`crate::session::keys`]).
-    pub session_keys: crate::session::keys::SessionKeys,
     /// The uids Claw-R1's `init_trajectory` minted here ([`crate::claw_r1`]).
     pub claw_r1: crate::claw_r1::Registry,
     /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
@@ -159,7 +157,6 @@ impl App {
             admin,
             recorder,
             router,
-            session_keys: crate::session::keys::SessionKeys::default(),
             claw_r1: crate::claw_r1::Registry::default(),
             filters,
             tasks,
@@ -343,7 +340,7 @@ where
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = request.into_parts();
-    let (tenant, session) = match session_key(&app, &mut parts.headers) {
+    let (tenant, session) = match session_key(&app, &mut parts.headers).await? {
         Some(key) => (key.tenant, SessionId::parse(&key.trajectory.to_string())),
         None => {
             let tenant = app.tenants.resolve(&parts.headers).map_err(|e| match e {
@@ -420,18 +417,29 @@ where
 }
 
 /// The session a call's key was minted for, if it presents one; the key is taken out of the
-/// headers then, so the engine never sees it. A session key wins over every other session hint.
-fn session_key(
+/// headers then, so the engine never sees it. A session key wins over every other session hint,
+/// and one that stands for nothing (never minted, or forgotten) is refused: it is never taken
+/// for a tenant's key.
+async fn session_key(
     app: &App,
     headers: &mut http::HeaderMap,
-) -> Option<crate::session::keys::SessionKey> {
-    let key = crate::tenant::presented_key(headers)?;
-    let session = app.session_keys.resolve(key)?;
+) -> Result<Option<clawback_datapool::KeyedSession>, ProxyError> {
+    let Some(key) = crate::tenant::presented_key(headers) else {
+        return Ok(None);
+    };
+    if !key.starts_with(crate::session::keys::PREFIX) {
+        return Ok(None);
+    }
+    let session = match &app.recorder {
+        Some(recorder) => recorder.session_key(key).await,
+        None => None,
+    };
+    let session = session.ok_or(ProxyError::UnknownApiKey)?;
     headers.remove(header::AUTHORIZATION);
     for name in crate::tenant::API_KEY_HEADERS {
         headers.remove(name);
     }
-    Some(session)
+    Ok(Some(session))
 }
 
 /// Whether `tenant` may name the stored response `id`: one it made, when the sidecar keeps them

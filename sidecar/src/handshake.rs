@@ -321,7 +321,7 @@ async fn create(
         "base_url": format!("{root}/s/{id}/v1"),
     });
     if body.session_key {
-        created["api_key"] = app.session_keys.mint(tenant, id).into();
+        created["api_key"] = recorder.mint_session_key(tenant, id).await.into();
     }
     Ok(json_response(StatusCode::CREATED, &created))
 }

@@ -588,3 +588,40 @@ pub async fn a_retry_after_a_broken_answer_continues_the_trajectory(
     assert_eq!(retry.previous.map(|p| p.step), Some(call));
     assert_eq!(retry.next_index, 2);
 }
+
+/// A session key minted through one replica resolves through another, and nothing else does.
+pub async fn a_session_key_resolves_on_every_replica(
+    a: &dyn Sessions,
+    b: &dyn Sessions,
+    tenant: &TenantId,
+) {
+    let digest: [u8; 32] = uuid::Uuid::now_v7()
+        .as_u128()
+        .to_le_bytes()
+        .iter()
+        .chain(uuid::Uuid::now_v7().as_u128().to_be_bytes().iter())
+        .copied()
+        .collect::<Vec<u8>>()
+        .try_into()
+        .unwrap_or_else(|_| panic!("32 bytes"));
+    let session = clawback_datapool::KeyedSession {
+        tenant: tenant.clone(),
+        trajectory: TrajectoryId::new(),
+    };
+    a.put_session_key(&digest, &session)
+        .await
+        .unwrap_or_else(|e| panic!("put: {e}"));
+    let found = b
+        .session_key(&digest)
+        .await
+        .unwrap_or_else(|e| panic!("get: {e}"));
+    assert_eq!(found, Some(session));
+    let mut other = digest;
+    other[0] ^= 1;
+    assert_eq!(
+        b.session_key(&other)
+            .await
+            .unwrap_or_else(|e| panic!("get: {e}")),
+        None
+    );
+}

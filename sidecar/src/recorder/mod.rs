@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use clawback_datapool::{
     Anchor, AssistantOutput, Capture, Complete, CompletionReason, Endpoint, Finish, Finishing,
-    GroupId, GroupMembership, Join, NextState, PolicyRef, Step, StepDone, StepId, StepRequest,
-    Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs, UpstreamRef, Usage,
-    WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
+    GroupId, GroupMembership, Join, KeyedSession, NextState, PolicyRef, Step, StepDone, StepId,
+    StepRequest, Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs, UpstreamRef,
+    Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -460,6 +460,23 @@ impl Recorder {
                 .write(vec![WriteOp::UpsertTrajectory { trajectory }]);
         }
         joined.trajectory
+    }
+
+    /// A new session key for `trajectory` of `tenant` ([`crate::session::keys`]), kept in the
+    /// shared session state.
+    pub async fn mint_session_key(&self, tenant: TenantId, trajectory: TrajectoryId) -> String {
+        let (key, digest) = crate::session::keys::mint();
+        self.sessions
+            .put_session_key(&digest, &KeyedSession { tenant, trajectory })
+            .await;
+        key
+    }
+
+    /// The session a presented session key stands for; `None` for a key that is not one, or
+    /// that nobody minted.
+    pub async fn session_key(&self, key: &str) -> Option<KeyedSession> {
+        let digest = crate::session::keys::digest(key)?;
+        self.sessions.session_key(&digest).await
     }
 
     /// Marks live `trajectory` as one whose calls are recorded and never trained on.

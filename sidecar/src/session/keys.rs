@@ -3,70 +3,30 @@
 //! `Authorization: Bearer`, `x-api-key` or `api-key`, wherever the agent puts its key — belongs to
 //! that trajectory and its tenant, whatever its path, headers or body say.
 //!
-//! Keys are 256 random bits, kept only as SHA-256 digests (like tenant keys), and never forwarded
-//! to the engine. Up to [`MAX_KEYS`] are kept, oldest first out.
+//! Keys are 256 random bits, kept only as SHA-256 digests (like tenant keys) in the shared
+//! session state — so a key minted through one replica of a pool works on all of them — and
+//! never forwarded to the engine.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, PoisonError};
-
-use clawback_datapool::{TenantId, TrajectoryId};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-/// Session keys kept at most; past it the oldest is forgotten (its calls then resolve as an
-/// unknown key would).
-pub const MAX_KEYS: usize = 100_000;
-
-/// What a session key stands for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionKey {
-    pub tenant: TenantId,
-    pub trajectory: TrajectoryId,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    by_digest: HashMap<[u8; 32], SessionKey>,
-    order: VecDeque<[u8; 32]>,
-}
-
-#[derive(Debug, Default)]
-pub struct SessionKeys {
-    state: Mutex<State>,
-}
-
-/// Session keys start with this, so a leaked one is recognisable (secret scanners, logs).
+/// Session keys start with this, so a leaked one is recognisable (secret scanners, logs), and
+/// a key with it is never taken for a tenant's API key.
 pub const PREFIX: &str = "cbsk-";
 
-impl SessionKeys {
-    /// A new key for `trajectory` of `tenant`.
-    pub fn mint(&self, tenant: TenantId, trajectory: TrajectoryId) -> String {
-        let mut secret = [0u8; 32];
-        rand::rng().fill_bytes(&mut secret);
-        let key = format!("{PREFIX}{}", hex(&secret));
-        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state
-            .by_digest
-            .insert(digest, SessionKey { tenant, trajectory });
-        state.order.push_back(digest);
-        while state.order.len() > MAX_KEYS {
-            if let Some(oldest) = state.order.pop_front() {
-                state.by_digest.remove(&oldest);
-            }
-        }
-        key
-    }
+/// A new session key and its digest.
+pub fn mint() -> (String, [u8; 32]) {
+    let mut secret = [0u8; 32];
+    rand::rng().fill_bytes(&mut secret);
+    let key = format!("{PREFIX}{}", hex(&secret));
+    let digest = Sha256::digest(key.as_bytes()).into();
+    (key, digest)
+}
 
-    /// The session `key` stands for, if it is one.
-    pub fn resolve(&self, key: &str) -> Option<SessionKey> {
-        if !key.starts_with(PREFIX) {
-            return None;
-        }
-        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.by_digest.get(&digest).cloned()
-    }
+/// The digest `key` is looked up by, if it is a session key.
+pub fn digest(key: &str) -> Option<[u8; 32]> {
+    key.starts_with(PREFIX)
+        .then(|| Sha256::digest(key.as_bytes()).into())
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -82,15 +42,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_minted_key_resolves_to_its_session_and_nothing_else_does() {
-        let keys = SessionKeys::default();
-        let tenant = TenantId::new("acme").unwrap();
-        let trajectory = TrajectoryId::new();
-        let key = keys.mint(tenant.clone(), trajectory);
+    fn a_minted_key_is_recognised_by_its_digest_and_nothing_else_is() {
+        let (key, minted) = mint();
         assert!(key.starts_with(PREFIX) && key.len() == PREFIX.len() + 64);
-        assert_eq!(keys.resolve(&key), Some(SessionKey { tenant, trajectory }));
-        assert_eq!(keys.resolve(&format!("{key}0")), None);
-        assert_eq!(keys.resolve("sk-acme"), None);
-        assert_ne!(keys.mint(TenantId::new("acme").unwrap(), trajectory), key);
+        assert_eq!(digest(&key), Some(minted));
+        assert_ne!(digest(&format!("{key}0")), Some(minted));
+        assert_eq!(digest("sk-acme"), None);
+        assert_ne!(mint().0, key);
     }
 }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
-    CompletionReason, Finish, Finishing, Join, Joined, LocalSessions, Sessions, StepDone, StepId,
-    StepSlot, TenantId, Timing, TrajectoryId, UnixMs,
+    CompletionReason, Finish, Finishing, Join, Joined, KeyedSession, LocalSessions, Sessions,
+    StepDone, StepId, StepSlot, TenantId, Timing, TrajectoryId, UnixMs,
 };
 
 use crate::metrics::{Metrics, SessionOpLabels};
@@ -328,6 +328,38 @@ impl SessionState {
             finished.extend(all.into_iter().map(|f| (tenant.clone(), f)));
         }
         finished
+    }
+
+    /// Keeps a minted session key where every replica finds it (this replica's own state
+    /// while the shared one is away).
+    pub async fn put_session_key(&self, digest: &[u8; 32], session: &KeyedSession) {
+        let shared = self
+            .on_shared("put_session_key", |s| {
+                let session = session.clone();
+                let digest = *digest;
+                async move { s.put_session_key(&digest, &session).await }
+            })
+            .await;
+        if shared.is_none() {
+            if let Err(e) = self.local.put_session_key(digest, session).await {
+                tracing::error!(error = %e, "a session key could not be kept: calls with it will be refused");
+            }
+        }
+    }
+
+    /// What a session key stands for, wherever it was kept.
+    pub async fn session_key(&self, digest: &[u8; 32]) -> Option<KeyedSession> {
+        let digest = *digest;
+        if let Some(Some(found)) = self
+            .on_shared(
+                "session_key",
+                |s| async move { s.session_key(&digest).await },
+            )
+            .await
+        {
+            return Some(found);
+        }
+        self.local.session_key(&digest).await.ok().flatten()
     }
 
     /// Tenants whose trajectories the idle sweep looks at.

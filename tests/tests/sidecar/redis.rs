@@ -120,3 +120,67 @@ async fn a_redis_cluster_records_and_no_api_key_reaches_it() {
         }
     }
 }
+
+/// A session key minted through one replica of a pool puts the calls another replica serves in
+/// its trajectory and tenant; an unknown one is refused there too, even with a default tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_key_minted_on_one_replica_works_on_another() {
+    let redis = RedisServer::start();
+    let engine = MockUpstream::start().await;
+    let replica = || {
+        let mut config = test_config(&[engine.url()]);
+        config.redis = Some(redis.url());
+        config.admin.token = Some("admin-secret".to_owned());
+        config
+    };
+    let (minter, server) = (
+        Sidecar::start(replica()).await,
+        Sidecar::start(replica()).await,
+    );
+    let created: serde_json::Value = client()
+        .post(minter.url("/trajectories"))
+        .bearer_auth("admin-secret")
+        .json(&json!({"tenant": "acme", "session_key": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["api_key"].as_str().unwrap().to_owned();
+    let trajectory: clawback_datapool::TrajectoryId =
+        created["trajectory_id"].as_str().unwrap().parse().unwrap();
+    for (key, status) in [(key.clone(), 200), (format!("{key}0"), 401)] {
+        let answer = client()
+            .post(server.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&json!({"model": "mock-llama",
+                          "messages": [{"role": "user", "content": "a question"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), status);
+        answer.bytes().await.unwrap();
+    }
+    let reader = RedisStore::connect(&RedisConfig::single(redis.url()))
+        .await
+        .unwrap();
+    let tenant = TenantId::new("acme").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let steps = reader
+            .trajectory(&tenant, &trajectory)
+            .await
+            .ok()
+            .flatten()
+            .map_or(0, |r| r.steps.len());
+        if steps == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the call is not in the key's trajectory"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
