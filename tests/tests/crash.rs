@@ -191,6 +191,26 @@ async fn metric(sidecar: &SidecarProcess, name: &str) -> f64 {
         .sum()
 }
 
+/// Stops the agents and checks that every call they were served is recorded once.
+async fn after_the_load(
+    load: Load,
+    replayed: f64,
+    redis: &RedisServer,
+    sidecar: &SidecarProcess,
+    within: Duration,
+) {
+    let served = load.finish().await;
+    eprintln!(
+        "{} calls served, {replayed} journal records replayed after the kill",
+        served.len()
+    );
+    let store = RedisStore::connect(&RedisConfig::single(redis.url()))
+        .await
+        .expect("redis");
+    let by_session = recorded(&store, &served, within).await;
+    assert_every_served_call_recorded_once(&served, &by_session, sidecar);
+}
+
 async fn setup(dir: &Path) -> (RedisServer, MockUpstream, SidecarProcess) {
     std::fs::create_dir_all(dir.join("redis")).expect("redis dir");
     let redis = RedisServer::start_durable(&dir.join("redis"));
@@ -230,17 +250,7 @@ async fn a_sidecar_killed_mid_load_loses_no_served_call() {
     sidecar.restart().await;
     let replayed = metric(&sidecar, "clawback_records_replayed_total").await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let served = load.finish().await;
-    eprintln!(
-        "{} calls served, {replayed} journal records replayed after the kill",
-        served.len()
-    );
-
-    let store = RedisStore::connect(&RedisConfig::single(redis.url()))
-        .await
-        .expect("redis");
-    let by_session = recorded(&store, &served, Duration::from_secs(20)).await;
-    assert_every_served_call_recorded_once(&served, &by_session, &sidecar);
+    after_the_load(load, replayed, &redis, &sidecar, Duration::from_secs(20)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,15 +283,5 @@ async fn a_sidecar_killed_while_redis_stalls_loses_no_served_call() {
         "nothing was left to replay: the test tested nothing"
     );
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let served = load.finish().await;
-    eprintln!(
-        "{} calls served, {replayed} journal records replayed after the kill",
-        served.len()
-    );
-
-    let store = RedisStore::connect(&RedisConfig::single(redis.url()))
-        .await
-        .expect("redis");
-    let by_session = recorded(&store, &served, Duration::from_secs(30)).await;
-    assert_every_served_call_recorded_once(&served, &by_session, &sidecar);
+    after_the_load(load, replayed, &redis, &sidecar, Duration::from_secs(30)).await;
 }

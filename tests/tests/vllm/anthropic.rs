@@ -40,29 +40,13 @@ async fn run(mut command: Command, sidecar: &Sidecar, what: &str, cases: &[&str]
 
 /// The trajectories of tenant `coder` once `count` steps are recorded in all.
 async fn trajectories(store: &Arc<dyn Store>, count: usize) -> Vec<TrajectoryRecord> {
-    let tenant = TenantId::new("coder").expect("tenant");
-    let mut last = Vec::new();
-    for _ in 0..200 {
-        let mut records = Vec::new();
-        for header in store
-            .list_trajectories(&tenant, None, 1000)
-            .await
-            .unwrap_or_default()
-        {
-            if let Ok(Some(record)) = store.trajectory(&tenant, &header.id).await {
-                records.push(record);
-            }
-        }
-        if records.iter().map(|r| r.steps.len()).sum::<usize>() >= count {
-            return records;
-        }
-        last = records;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
+    let records = crate::trajectories_of(store, "coder", count).await;
+    assert!(
+        records.iter().map(|r| r.steps.len()).sum::<usize>() >= count,
         "{count} steps were not recorded: {} trajectories",
-        last.len()
+        records.len()
     );
+    records
 }
 
 #[tokio::test(flavor = "multi_thread")]

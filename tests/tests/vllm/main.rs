@@ -24,6 +24,33 @@ async fn sidecar() -> Sidecar {
     Sidecar::start(config).await
 }
 
+/// Every trajectory of `tenant` once `count` steps are recorded in all (or ten seconds passed).
+pub(crate) async fn trajectories_of(
+    store: &Arc<dyn Store>,
+    tenant: &str,
+    count: usize,
+) -> Vec<TrajectoryRecord> {
+    let tenant = TenantId::new(tenant).expect("tenant");
+    let mut records = Vec::new();
+    for _ in 0..200 {
+        records.clear();
+        for header in store
+            .list_trajectories(&tenant, None, 1000)
+            .await
+            .unwrap_or_default()
+        {
+            if let Ok(Some(record)) = store.trajectory(&tenant, &header.id).await {
+                records.push(record);
+            }
+        }
+        if records.iter().map(|r| r.steps.len()).sum::<usize>() >= count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    records
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(120))

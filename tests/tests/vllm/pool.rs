@@ -6,9 +6,8 @@
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
-use clawback_datapool::{Store, TenantId, Tokens, TrajectoryRecord};
+use clawback_datapool::Tokens;
 use clawback_sidecar::config::UpstreamKind;
 use clawback_tests::front_door::start_nginx;
 use clawback_tests::harness::{
@@ -16,29 +15,6 @@ use clawback_tests::harness::{
 };
 use clawback_tests::redis_server::RedisServer;
 use clawback_tests::vllm::{self, MODEL};
-
-/// Every trajectory of tenant `default` once `count` steps are recorded in all.
-async fn recorded(store: &Arc<dyn Store>, count: usize) -> Vec<TrajectoryRecord> {
-    let tenant = TenantId::new("default").expect("tenant");
-    let mut records = Vec::new();
-    for _ in 0..200 {
-        records.clear();
-        for header in store
-            .list_trajectories(&tenant, None, 100)
-            .await
-            .unwrap_or_default()
-        {
-            if let Ok(Some(record)) = store.trajectory(&tenant, &header.id).await {
-                records.push(record);
-            }
-        }
-        if records.iter().map(|r| r.steps.len()).sum::<usize>() >= count {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    records
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_replicas_behind_nginx_record_an_agents_tool_session_as_one_trajectory() {
@@ -85,7 +61,7 @@ async fn two_replicas_behind_nginx_record_an_agents_tool_session_as_one_trajecto
             .expect("recording")
             .store(),
     );
-    let records = recorded(&store, 3).await;
+    let records = crate::trajectories_of(&store, "default", 3).await;
     let lengths: Vec<usize> = records.iter().map(|r| r.steps.len()).collect();
     assert_eq!(lengths, [3], "the session was split over the replicas");
     let steps = &records[0].steps;
