@@ -67,6 +67,7 @@ impl LocalSessions {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // Session state is rebuilt by the calls that follow a crash: no fsync per transaction.
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.set_prepared_statement_cache_capacity(64);
         conn.busy_timeout(Duration::from_secs(10))?;
         Self::with_connection(conn)
     }
@@ -113,62 +114,54 @@ struct LiveRow {
 
 fn live_row(tx: &Transaction<'_>, tenant: &str, id: &str) -> Result<Option<LiveRow>> {
     Ok(tx
-        .query_row(
+        .prepare_cached(
             "SELECT next_index, last_step, covered, evaluation_only, finish_after, seen
              FROM live WHERE tenant = ?1 AND id = ?2",
-            [tenant, id],
-            |r| {
-                Ok(LiveRow {
-                    next_index: r.get(0)?,
-                    last_step: r.get(1)?,
-                    covered: r.get(2)?,
-                    evaluation_only: r.get(3)?,
-                    finish_after: r.get(4)?,
-                    seen: r.get::<_, i64>(5)?.max(0) as u64,
-                })
-            },
-        )
+        )?
+        .query_row([tenant, id], |r| {
+            Ok(LiveRow {
+                next_index: r.get(0)?,
+                last_step: r.get(1)?,
+                covered: r.get(2)?,
+                evaluation_only: r.get(3)?,
+                finish_after: r.get(4)?,
+                seen: r.get::<_, i64>(5)?.max(0) as u64,
+            })
+        })
         .optional()?)
 }
 
 /// Whether a call that is not stale is in flight on the trajectory.
 fn busy(tx: &Transaction<'_>, tenant: &str, id: &str, stale_before: u64) -> Result<bool> {
-    Ok(tx.query_row(
-        "SELECT EXISTS (SELECT 1 FROM live_calls
+    Ok(tx
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM live_calls
                             WHERE tenant = ?1 AND trajectory = ?2 AND started >= ?3)",
-        params![tenant, id, stale_before as i64],
-        |r| r.get(0),
-    )?)
+        )?
+        .query_row(params![tenant, id, stale_before as i64], |r| r.get(0))?)
 }
 
 /// Takes the trajectory's claim on a stitching key back.
 fn release_key(tx: &Transaction<'_>, tenant: &str, id: &str, key: &str) -> Result<()> {
     let row: Option<(Option<String>, i64)> = tx
-        .query_row(
-            "SELECT holder, holders FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
-            [tenant, key],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+        .prepare_cached("SELECT holder, holders FROM stitch_keys WHERE tenant = ?1 AND key = ?2")?
+        .query_row([tenant, key], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     match row {
         Some((Some(holder), _)) if holder == id => {
-            tx.execute(
-                "DELETE FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
-                [tenant, key],
-            )?;
+            tx.prepare_cached("DELETE FROM stitch_keys WHERE tenant = ?1 AND key = ?2")?
+                .execute([tenant, key])?;
         }
         // Shared: it stays ambiguous while anyone holds it (which one is not kept).
         Some((None, holders)) if holders <= 1 => {
-            tx.execute(
-                "DELETE FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
-                [tenant, key],
-            )?;
+            tx.prepare_cached("DELETE FROM stitch_keys WHERE tenant = ?1 AND key = ?2")?
+                .execute([tenant, key])?;
         }
         Some((None, _)) => {
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE stitch_keys SET holders = holders - 1 WHERE tenant = ?1 AND key = ?2",
-                [tenant, key],
-            )?;
+            )?
+            .execute([tenant, key])?;
         }
         _ => {}
     }
@@ -184,38 +177,35 @@ fn hold_key(
     context_rebuilt: bool,
 ) -> Result<()> {
     let holder: Option<Option<String>> = tx
-        .query_row(
-            "SELECT holder FROM stitch_keys WHERE tenant = ?1 AND key = ?2",
-            [tenant, key],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT holder FROM stitch_keys WHERE tenant = ?1 AND key = ?2")?
+        .query_row([tenant, key], |r| r.get(0))
         .optional()?;
     match holder {
         None => {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO stitch_keys (tenant, key, holder, holders, context_rebuilt)
                  VALUES (?1, ?2, ?3, 1, ?4)",
-                params![tenant, key, id, context_rebuilt],
-            )?;
+            )?
+            .execute(params![tenant, key, id, context_rebuilt])?;
         }
         Some(Some(holder)) if holder == id => {}
         Some(Some(_)) => {
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE stitch_keys SET holder = NULL, holders = 2 WHERE tenant = ?1 AND key = ?2",
-                [tenant, key],
-            )?;
+            )?
+            .execute([tenant, key])?;
         }
         Some(None) => {
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE stitch_keys SET holders = holders + 1 WHERE tenant = ?1 AND key = ?2",
-                [tenant, key],
-            )?;
+            )?
+            .execute([tenant, key])?;
         }
     }
-    tx.execute(
+    tx.prepare_cached(
         "INSERT OR IGNORE INTO live_keys (tenant, trajectory, key) VALUES (?1, ?2, ?3)",
-        [tenant, id, key],
-    )?;
+    )?
+    .execute([tenant, id, key])?;
     Ok(())
 }
 
@@ -229,10 +219,8 @@ fn release_all_keys(tx: &Transaction<'_>, tenant: &str, id: &str) -> Result<()> 
     for key in &keys {
         release_key(tx, tenant, id, key)?;
     }
-    tx.execute(
-        "DELETE FROM live_keys WHERE tenant = ?1 AND trajectory = ?2",
-        [tenant, id],
-    )?;
+    tx.prepare_cached("DELETE FROM live_keys WHERE tenant = ?1 AND trajectory = ?2")?
+        .execute([tenant, id])?;
     Ok(())
 }
 
@@ -243,11 +231,10 @@ fn finished(
     id: &str,
 ) -> Result<Option<(CompletionReason, u32, Option<String>)>> {
     let row: Option<(String, u32, Option<String>)> = tx
-        .query_row(
+        .prepare_cached(
             "SELECT reason, steps, last_step FROM finished WHERE tenant = ?1 AND id = ?2",
-            [tenant, id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
+        )?
+        .query_row([tenant, id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     Ok(row.and_then(|(reason, steps, last)| {
         CompletionReason::parse(&reason).map(|reason| (reason, steps, last))
@@ -263,31 +250,25 @@ fn finish_now(
     reason: CompletionReason,
     now: UnixMs,
 ) -> Result<Finishing> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT OR REPLACE INTO finished (tenant, id, reason, steps, last_step, at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            tenant,
-            id,
-            reason.as_str(),
-            row.next_index,
-            row.last_step,
-            now.0 as i64
-        ],
-    )?;
+    )?
+    .execute(params![
+        tenant,
+        id,
+        reason.as_str(),
+        row.next_index,
+        row.last_step,
+        now.0 as i64
+    ])?;
     release_all_keys(tx, tenant, id)?;
-    tx.execute(
-        "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2",
-        [tenant, id],
-    )?;
-    tx.execute(
-        "DELETE FROM live_names WHERE tenant = ?1 AND trajectory = ?2",
-        [tenant, id],
-    )?;
-    tx.execute(
-        "DELETE FROM live WHERE tenant = ?1 AND id = ?2",
-        [tenant, id],
-    )?;
+    tx.prepare_cached("DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2")?
+        .execute([tenant, id])?;
+    tx.prepare_cached("DELETE FROM live_names WHERE tenant = ?1 AND trajectory = ?2")?
+        .execute([tenant, id])?;
+    tx.prepare_cached("DELETE FROM live WHERE tenant = ?1 AND id = ?2")?
+        .execute([tenant, id])?;
     Ok(Finishing {
         trajectory: parse_stored("live trajectory id", id)?,
         reason,
@@ -324,11 +305,10 @@ fn find(tx: &Transaction<'_>, join: &Join, timing: Timing) -> Result<Found> {
         Anchor::New => Ok(Found::default()),
         Anchor::Name(name) => {
             let id: Option<String> = tx
-                .query_row(
+                .prepare_cached(
                     "SELECT trajectory FROM live_names WHERE tenant = ?1 AND name = ?2",
-                    [tenant, name.as_str()],
-                    |r| r.get(0),
-                )
+                )?
+                .query_row([tenant, name.as_str()], |r| r.get(0))
                 .optional()?;
             let Some(id) = id else {
                 return Ok(Found::default());
@@ -346,12 +326,11 @@ fn find(tx: &Transaction<'_>, join: &Join, timing: Timing) -> Result<Found> {
             for prefix in prefixes.iter().rev() {
                 let key = hash_hex(prefix.hash);
                 let found: Option<(Option<String>, bool)> = tx
-                    .query_row(
+                    .prepare_cached(
                         "SELECT holder, context_rebuilt FROM stitch_keys
                          WHERE tenant = ?1 AND key = ?2",
-                        [tenant, key.as_str()],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
+                    )?
+                    .query_row([tenant, key.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;
                 match found {
                     None => continue,
@@ -394,16 +373,14 @@ impl Sessions for LocalSessions {
             } = find(tx, &join, timing)?;
             let call = join.call.map(|c| c.to_string());
             if let Some((id, row)) = live {
-                tx.execute(
-                    "UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2",
-                    params![tenant, id, now],
-                )?;
+                tx.prepare_cached("UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2")?
+                    .execute(params![tenant, id, now])?;
                 if let Some(call) = &call {
-                    tx.execute(
+                    tx.prepare_cached(
                         "INSERT OR REPLACE INTO live_calls (tenant, trajectory, step, started)
                          VALUES (?1, ?2, ?3, ?4)",
-                        params![tenant, id, call, now],
-                    )?;
+                    )?
+                    .execute(params![tenant, id, call, now])?;
                 }
                 let previous = match &row.last_step {
                     Some(step) => Some(Previous {
@@ -423,23 +400,21 @@ impl Sessions for LocalSessions {
                 });
             }
             let id = join.open.to_string();
-            tx.execute(
-                "INSERT INTO live (tenant, id, seen) VALUES (?1, ?2, ?3)",
-                params![tenant, id, now],
-            )?;
+            tx.prepare_cached("INSERT INTO live (tenant, id, seen) VALUES (?1, ?2, ?3)")?
+                .execute(params![tenant, id, now])?;
             if let Some(call) = &call {
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT INTO live_calls (tenant, trajectory, step, started)
                      VALUES (?1, ?2, ?3, ?4)",
-                    params![tenant, id, call, now],
-                )?;
+                )?
+                .execute(params![tenant, id, call, now])?;
             }
             if let Anchor::Name(name) = &join.anchor {
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT OR REPLACE INTO live_names (tenant, name, trajectory)
                      VALUES (?1, ?2, ?3)",
-                    params![tenant, name, id],
-                )?;
+                )?
+                .execute(params![tenant, name, id])?;
             }
             Ok(Joined {
                 trajectory: join.open,
@@ -460,10 +435,10 @@ impl Sessions for LocalSessions {
             let tenant = done.tenant.as_str();
             let id = done.trajectory.to_string();
             let step = done.step.to_string();
-            tx.execute(
+            tx.prepare_cached(
                 "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2 AND step = ?3",
-                [tenant, &id, &step],
-            )?;
+            )?
+            .execute([tenant, &id, &step])?;
             let Some(mut row) = live_row(tx, tenant, &id)? else {
                 // Asked again after it finished the trajectory: the same answer.
                 return Ok(match finished(tx, tenant, &id)? {
@@ -496,20 +471,20 @@ impl Sessions for LocalSessions {
             if row.finish_after.is_none() {
                 row.finish_after = done.finish.map(|r| r.as_str().to_owned());
             }
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE live SET next_index = ?3, last_step = ?4, covered = ?5, seen = ?6,
                                  finish_after = ?7
                  WHERE tenant = ?1 AND id = ?2",
-                params![
-                    tenant,
-                    id,
-                    row.next_index,
-                    row.last_step,
-                    row.covered,
-                    done.now.0 as i64,
-                    row.finish_after
-                ],
-            )?;
+            )?
+            .execute(params![
+                tenant,
+                id,
+                row.next_index,
+                row.last_step,
+                row.covered,
+                done.now.0 as i64,
+                row.finish_after
+            ])?;
             let stale_before = done.now.saturating_sub(timing.stale_call).0;
             if let Some(reason) = stored_reason(row.finish_after.as_deref()) {
                 if !busy(tx, tenant, &id, stale_before)? {
@@ -548,10 +523,10 @@ impl Sessions for LocalSessions {
         let (tenant, id, step) = (tenant.to_string(), trajectory.to_string(), call.to_string());
         let call_trajectory = *trajectory;
         self.transaction(move |tx| {
-            tx.execute(
+            tx.prepare_cached(
                 "DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2 AND step = ?3",
-                [&tenant, &id, &step],
-            )?;
+            )?
+            .execute([&tenant, &id, &step])?;
             let Some(row) = live_row(tx, &tenant, &id)? else {
                 return Ok(
                     finished(tx, &tenant, &id)?.map(|(reason, steps, _)| Finishing {
@@ -561,10 +536,8 @@ impl Sessions for LocalSessions {
                     }),
                 );
             };
-            tx.execute(
-                "UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2",
-                params![tenant, id, now.0 as i64],
-            )?;
+            tx.prepare_cached("UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2")?
+                .execute(params![tenant, id, now.0 as i64])?;
             let stale_before = now.saturating_sub(timing.stale_call).0;
             match stored_reason(row.finish_after.as_deref()) {
                 Some(reason) if !busy(tx, &tenant, &id, stale_before)? => {
@@ -599,10 +572,10 @@ impl Sessions for LocalSessions {
             let stale_before = now.saturating_sub(timing.stale_call).0;
             if busy(tx, &tenant, &id, stale_before)? {
                 if row.finish_after.is_none() {
-                    tx.execute(
+                    tx.prepare_cached(
                         "UPDATE live SET finish_after = ?3 WHERE tenant = ?1 AND id = ?2",
-                        params![tenant, id, reason.as_str()],
-                    )?;
+                    )?
+                    .execute(params![tenant, id, reason.as_str()])?;
                 }
                 return Ok(Finish::Deferred);
             }
@@ -642,10 +615,8 @@ impl Sessions for LocalSessions {
                 }
             }
             // What repeats are answered from, kept as long as Redis keeps it.
-            tx.execute(
-                "DELETE FROM finished WHERE at < ?1",
-                [now.saturating_sub(timing.retention()).0 as i64],
-            )?;
+            tx.prepare_cached("DELETE FROM finished WHERE at < ?1")?
+                .execute([now.saturating_sub(timing.retention()).0 as i64])?;
             Ok(finished)
         })
         .await
@@ -664,10 +635,12 @@ impl Sessions for LocalSessions {
     ) -> Result<bool> {
         let (tenant, id) = (tenant.to_string(), trajectory.to_string());
         self.transaction(move |tx| {
-            Ok(tx.execute(
-                "UPDATE live SET evaluation_only = 1 WHERE tenant = ?1 AND id = ?2",
-                [&tenant, &id],
-            )? > 0)
+            Ok(tx
+                .prepare_cached(
+                    "UPDATE live SET evaluation_only = 1 WHERE tenant = ?1 AND id = ?2",
+                )?
+                .execute([&tenant, &id])?
+                > 0)
         })
         .await
     }
@@ -676,16 +649,16 @@ impl Sessions for LocalSessions {
         let (digest, session) = (digest_hex(digest), session.clone());
         let expires = UnixMs::now().0 + SESSION_KEY_TTL.as_millis() as u64;
         self.transaction(move |tx| {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT OR REPLACE INTO session_keys (digest, tenant, trajectory, expires)
                  VALUES (?1, ?2, ?3, ?4)",
-                params![
-                    digest,
-                    session.tenant.as_str(),
-                    session.trajectory.to_string(),
-                    expires as i64
-                ],
-            )?;
+            )?
+            .execute(params![
+                digest,
+                session.tenant.as_str(),
+                session.trajectory.to_string(),
+                expires as i64
+            ])?;
             Ok(())
         })
         .await
@@ -696,20 +669,20 @@ impl Sessions for LocalSessions {
         let now = UnixMs::now().0;
         self.transaction(move |tx| {
             let row: Option<(String, String)> = tx
-                .query_row(
+                .prepare_cached(
                     "SELECT tenant, trajectory FROM session_keys
                      WHERE digest = ?1 AND expires > ?2",
-                    params![digest, now as i64],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
+                )?
+                .query_row(params![digest, now as i64], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
             let Some((tenant, trajectory)) = row else {
                 return Ok(None);
             };
-            tx.execute(
-                "UPDATE session_keys SET expires = ?2 WHERE digest = ?1",
-                params![digest, (now + SESSION_KEY_TTL.as_millis() as u64) as i64],
-            )?;
+            tx.prepare_cached("UPDATE session_keys SET expires = ?2 WHERE digest = ?1")?
+                .execute(params![
+                    digest,
+                    (now + SESSION_KEY_TTL.as_millis() as u64) as i64
+                ])?;
             Ok(Some(KeyedSession {
                 tenant: TenantId::new(tenant)?,
                 trajectory: parse_stored("session key trajectory", &trajectory)?,
