@@ -182,6 +182,10 @@ pub const FALLBACK_SESSIONS: &str = "fallback-sessions.sqlite3";
 
 /// Trajectories one sweep finishes per tenant at most (the next sweep takes the rest).
 const SWEEP_LIMIT: usize = 1000;
+/// How long [`Recorder::complete`] waits for the plugins to evaluate a trajectory before its
+/// completion is journaled (they read from the datapool for up to 10 s when other replicas
+/// recorded its steps).
+const COMPLETION_WAIT: Duration = Duration::from_secs(30);
 
 impl Recorder {
     /// Takes a journal in `data_dir` and starts the writer, which first applies whatever a
@@ -612,6 +616,17 @@ impl Recorder {
     /// now; with trajectory plugins it is written once their evaluations are (so the trainer
     /// finds its rewards with it), and `None` is returned.
     fn completion(&self, tenant: &TenantId, finishing: Finishing) -> Option<WriteOp> {
+        self.completion_then(tenant, finishing, None)
+    }
+
+    /// [`Recorder::completion`], and when it is written later (after the plugins), `written`
+    /// is told once it is in the journal.
+    fn completion_then(
+        &self,
+        tenant: &TenantId,
+        finishing: Finishing,
+        written: Option<oneshot::Sender<()>>,
+    ) -> Option<WriteOp> {
         if finishing.steps == 1 {
             self.metrics
                 .finding(crate::metrics::Finding::SingleCallTask);
@@ -633,7 +648,12 @@ impl Recorder {
                     finishing.trajectory,
                     finishing.reason,
                     finishing.steps,
-                    Box::new(move || sink.write(vec![op])),
+                    Box::new(move || {
+                        sink.write(vec![op]);
+                        if let Some(written) = written {
+                            let _ = written.send(());
+                        }
+                    }),
                 );
                 None
             }
@@ -643,6 +663,11 @@ impl Recorder {
 
     /// Completes a live trajectory of `tenant` — once its calls in flight are recorded, so the
     /// last turn is never cut off. `false` if `tenant` has no live trajectory with that id.
+    ///
+    /// Returns once the completion is in the journal: when plugins evaluate the trajectory
+    /// first, that is after them (at most [`COMPLETION_WAIT`]). An agent told the trajectory is
+    /// complete can rely on it across a crash; one whose call failed asks again, and a
+    /// trajectory finished lately is finished again (the session state remembers it).
     pub async fn complete(
         &self,
         tenant: &TenantId,
@@ -651,8 +676,19 @@ impl Recorder {
     ) -> Result<bool, Unreachable> {
         match self.sessions.finish(tenant, &trajectory, reason).await? {
             Finish::Now(finishing) => {
-                let op = self.completion(tenant, finishing);
-                self.sink.write(op.into_iter().collect());
+                let (written, journaled) = oneshot::channel();
+                match self.completion_then(tenant, finishing, Some(written)) {
+                    Some(op) => self.sink.write(vec![op]),
+                    None => {
+                        if tokio::time::timeout(COMPLETION_WAIT, journaled)
+                            .await
+                            .is_err()
+                        {
+                            tracing::warn!(%trajectory, wait = ?COMPLETION_WAIT,
+                                "a completion still waits for its plugins: answered before it was journaled");
+                        }
+                    }
+                }
                 Ok(true)
             }
             Finish::Deferred => Ok(true),

@@ -117,6 +117,17 @@ impl StepReport {
     }
 }
 
+/// A checkpoint on disk: the recorded steps whose updates it holds for the first time. The
+/// checkpoints' lines are the lineage of the adapter — a step an optimizer step trained whose
+/// checkpoint never landed (the process died first) is trained again after the restart, and
+/// appears in one checkpoint only.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    pub tenant: TenantId,
+    pub optimizer_steps: u64,
+    pub applied_steps: Vec<clawback_datapool::StepId>,
+}
+
 /// What publishing one version did: the timings when it went live, the error when it did not.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PublishReport {
@@ -519,6 +530,18 @@ impl Metrics {
         }
         if let Ok(mut prom) = self.prom.lock() {
             prom.record_publish(report);
+        }
+    }
+
+    /// Appends a checkpoint to the JSONL log (`{"checkpoint": {...}}`), after it is on disk.
+    pub fn record_checkpoint(&mut self, report: &CheckpointReport) {
+        if let Some(file) = &mut self.jsonl {
+            let written = serde_json::to_string(&serde_json::json!({ "checkpoint": report }))
+                .map_err(std::io::Error::other)
+                .and_then(|line| writeln!(file, "{line}"));
+            if let Err(e) = written {
+                eprintln!("clawback-trainer: cannot append to the metrics log: {e}");
+            }
         }
     }
 

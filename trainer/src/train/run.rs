@@ -340,7 +340,10 @@ impl Loop<'_> {
             return Ok(());
         };
         let new_steps = trainer.dirty();
-        let acks = trainer.checkpoint(self.config, &self.base_model)?;
+        let (acks, written) = trainer.checkpoint(self.config, &self.base_model)?;
+        if let Some(written) = &written {
+            self.metrics.record_checkpoint(written);
+        }
         self.ack(tenant, acks)?;
         if new_steps {
             self.publish(tenant);

@@ -30,7 +30,7 @@ use crate::train::batch::{plan, MicroBatch};
 use crate::train::checkpoint::{CheckpointState, TenantCheckpoints};
 use crate::train::config::TrainConfig;
 use crate::train::error::TrainError;
-use crate::train::metrics::{Agreement, StepReport};
+use crate::train::metrics::{Agreement, CheckpointReport, StepReport};
 use crate::train::text::TextCodec;
 
 /// The scored samples of one delivery, waiting for an optimizer step.
@@ -390,11 +390,13 @@ impl TenantTrainer {
     /// Writes a checkpoint when any step happened since the last one, and returns the
     /// deliveries that may now be acked: those whose data it holds, and those that had nothing
     /// to train. With no step since the last checkpoint, those are safe to ack at once.
+    /// With the acks, what the checkpoint written holds (`None` when none was due).
     pub fn checkpoint(
         &mut self,
         config: &TrainConfig,
         base_model: &str,
-    ) -> Result<Acks, TrainError> {
+    ) -> Result<(Acks, Option<CheckpointReport>), TrainError> {
+        let mut written = None;
         if self.steps_since_checkpoint > 0 {
             let state = CheckpointState {
                 tenant: self.tenant.clone(),
@@ -411,14 +413,18 @@ impl TenantTrainer {
                 Some(base_model),
                 config.checkpoint.keep_last,
             )?;
-            self.applied_since_checkpoint.clear();
+            written = Some(CheckpointReport {
+                tenant: self.tenant.clone(),
+                optimizer_steps: state.optimizer_steps,
+                applied_steps: std::mem::take(&mut self.applied_since_checkpoint),
+            });
             self.steps_since_checkpoint = 0;
         }
         let acks = std::mem::take(&mut self.consumed);
         for id in &acks {
             self.in_flight.remove(id);
         }
-        Ok(acks)
+        Ok((acks, written))
     }
 
     /// Deliveries consumed without a step since the last checkpoint: ackable without writing one.
