@@ -149,6 +149,25 @@ PY
     export CLAWBACK_VLLM_PYTHON="$venv/bin/python"
 }
 
+# The LiteLLM proxy, the gateway many users put in front of an engine: `scripts/bench` measures
+# it beside NGINX and clawback. Pinned, so the figures it prints compare like with like.
+LITELLM_VERSION="${LITELLM_VERSION:-1.108.0}"
+ensure_litellm() {
+    local venv="$CLAWBACK_CACHE/litellm-venv"
+    if ! "$venv/bin/python" - "$LITELLM_VERSION" >/dev/null 2>&1 <<'PY'
+import sys, importlib.metadata as m
+assert m.version("litellm") == sys.argv[1]
+m.version("uvicorn"); m.version("fastapi"); m.version("backoff")
+PY
+    then
+        say "installing the LiteLLM proxy $LITELLM_VERSION into $venv (for scripts/bench)"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip >/dev/null
+        "$venv/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION"
+    fi
+    export CLAWBACK_LITELLM="$venv/bin/litellm"
+}
+
 # The filter plugins (wasm-plugins/, its own workspace) built as wasm32-wasip2 components: the
 # host's tests load them from wasm-plugins/target/wasm32-wasip2/release/.
 ensure_wasm_plugins() {

@@ -260,3 +260,123 @@ pub async fn closed_loop(
     while workers.join_next().await.is_some() {}
     recorder.finish(sent.load(Ordering::Relaxed), start.elapsed())
 }
+
+/// What a phase of streamed calls measured, each in microseconds: time to the first body
+/// chunk, the gaps between chunks, and the whole call.
+#[derive(Debug)]
+pub struct StreamResult {
+    pub first_byte: Histogram<u64>,
+    pub gap: Histogram<u64>,
+    pub total: Histogram<u64>,
+    pub completed: u64,
+    pub errors: u64,
+    pub elapsed: Duration,
+}
+
+impl StreamResult {
+    pub fn throughput(&self) -> f64 {
+        self.completed as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// One streamed call, timed: first chunk, gaps between chunks, whole call.
+async fn stream_call(
+    client: &HttpClient,
+    target: &Target,
+    session: Option<&str>,
+) -> Result<(Duration, Vec<Duration>, Duration), ()> {
+    let turn = target.turns.first().ok_or(())?;
+    let mut request = Request::post(target.url.as_str()).header("content-type", "application/json");
+    for (name, value) in &turn.headers {
+        request = request.header(*name, *value);
+    }
+    if let (Some(name), Some(session)) = (target.session_header, session) {
+        request = request.header(name, session);
+    }
+    let request = request.body(Full::new(turn.body.clone())).map_err(|_| ())?;
+    let work = async {
+        let start = Instant::now();
+        let response = client.request(request).await.map_err(|_| ())?;
+        if response.status() != StatusCode::OK {
+            return Err(());
+        }
+        let mut body = response.into_body();
+        let (mut first, mut last, mut gaps) = (None, None::<Instant>, Vec::new());
+        while let Some(frame) = body.frame().await {
+            frame.map_err(|_| ())?;
+            let now = Instant::now();
+            match last {
+                Some(previous) => gaps.push(now - previous),
+                None => first = Some(now - start),
+            }
+            last = Some(now);
+        }
+        let first = first.ok_or(())?;
+        Ok((first, gaps, start.elapsed()))
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, work)
+        .await
+        .map_err(|_| ())?
+}
+
+/// Keeps `concurrency` streamed calls (the target's first turn, with `"stream": true` in its
+/// body) in flight for `duration`.
+pub async fn streams(
+    client: &HttpClient,
+    target: &Target,
+    concurrency: usize,
+    duration: Duration,
+) -> StreamResult {
+    let target = Arc::new(target.clone());
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (client, target) = (client.clone(), Arc::clone(&target));
+        workers.spawn(async move {
+            let (mut first, mut gap, mut total) = (histogram(), histogram(), histogram());
+            let (mut completed, mut errors) = (0, 0);
+            while start.elapsed() < duration {
+                let session = target.session_header.map(|_| next_session());
+                match stream_call(&client, &target, session.as_deref()).await {
+                    Ok((to_first, gaps, whole)) => {
+                        completed += 1;
+                        let _ = first.record(micros(to_first));
+                        for g in gaps {
+                            let _ = gap.record(micros(g));
+                        }
+                        let _ = total.record(micros(whole));
+                    }
+                    Err(()) => errors += 1,
+                }
+            }
+            (first, gap, total, completed, errors)
+        });
+    }
+    let mut result = StreamResult {
+        first_byte: histogram(),
+        gap: histogram(),
+        total: histogram(),
+        completed: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    while let Some(worker) = workers.join_next().await {
+        if let Ok((first, gap, total, completed, errors)) = worker {
+            let _ = result.first_byte.add(&first);
+            let _ = result.gap.add(&gap);
+            let _ = result.total.add(&total);
+            result.completed += completed;
+            result.errors += errors;
+        }
+    }
+    result.elapsed = start.elapsed();
+    result
+}

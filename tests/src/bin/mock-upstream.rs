@@ -10,6 +10,29 @@ struct Args {
     /// Address to listen on (port 0 picks one).
     #[arg(long, default_value = "127.0.0.1:8000")]
     listen: SocketAddr,
+    /// Answer every chat call with a text of this many bytes (one token per word, each with
+    /// its logprob when asked) instead of the usual reply.
+    #[arg(long)]
+    answer_bytes: Option<usize>,
+}
+
+/// Words up to `bytes` bytes, as a model's answer reads.
+fn answer_of(bytes: usize) -> String {
+    const WORDS: &str = "The forecast for Paris shows mild temperatures with light winds and a \
+        chance of rain in the evening, so an umbrella is a sensible choice for the walk home.";
+    let mut text = String::with_capacity(bytes + WORDS.len());
+    while text.len() < bytes {
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(WORDS);
+    }
+    let mut end = bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
 }
 
 fn main() -> std::process::ExitCode {
@@ -27,6 +50,12 @@ fn main() -> std::process::ExitCode {
     runtime.block_on(async {
         let mock = clawback_tests::mock::MockUpstream::start_on(args.listen).await;
         mock.stop_recording();
+        if let Some(bytes) = args.answer_bytes {
+            mock.set_behaviour(clawback_tests::mock::Behaviour {
+                answer_text: Some(answer_of(bytes)),
+                ..Default::default()
+            });
+        }
         println!("mock-upstream listening on {}", mock.url());
         let _ = tokio::signal::ctrl_c().await;
     });

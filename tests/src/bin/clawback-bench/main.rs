@@ -1,26 +1,36 @@
-//! `clawback-bench`: the sidecar's overhead, measured against the same engine reached directly,
-//! in one run. Starts the mock engine and the release sidecar as separate processes, then runs
-//! the same workload straight to the engine and through the sidecar, phase by phase, and prints
-//! a Markdown report. With `--plugin FILE.wasm` it also measures recording with that one filter
-//! plugin loaded against recording without it, on two-turn conversations whose first step the
-//! plugin evaluates, and counts the evaluations from the sidecar's own metrics.
+//! `clawback-bench`: what one proxy hop costs — clawback's and its peers' — measured in one run
+//! against the same engine with the same workload.
 //!
-//! Run it with `scripts/bench` (which builds the release binaries and the plugins first).
+//! Starts the mock engine, then one proxy at a time in front of it — none (*direct*), NGINX as
+//! a plain reverse proxy, clawback with recording off, recording into its embedded store and
+//! into Redis, and the LiteLLM proxy — and measures each the same way: the maximum throughput
+//! (closed loop), latency at fixed rates (open loop, timed from each request's due time), CPU
+//! per 1,000 calls over the proxy's whole process tree (Redis's shown apart), peak RSS, and
+//! streams under a concurrency sweep (time to first byte, gap between chunks, total). For the
+//! recording sidecars it counts, from the sidecar's own metrics, how many of the calls it
+//! served were stored, and reports the throughput at which everything was. With `--plugin
+//! FILE.wasm` it also measures recording with that one filter plugin against recording
+//! without it.
+//!
+//! Run it with `scripts/bench` (which builds the release binaries, the plugins and installs
+//! LiteLLM first).
+
+mod counts;
+mod plugin;
+mod procs;
+mod workload;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use clap::Parser;
-use clawback_tests::engine_json::{self, Reply};
 use clawback_tests::load::{
-    closed_loop, http_client, open_loop, HttpClient, PhaseResult, Target, Turn,
+    closed_loop, http_client, open_loop, streams, HttpClient, PhaseResult, StreamResult, Target,
+    Turn,
 };
-use http_body_util::{BodyExt, Full};
-use serde_json::json;
+
+use counts::Counts;
+use procs::{Process, RssSampler};
 
 #[derive(Parser)]
 struct Args {
@@ -30,16 +40,27 @@ struct Args {
     /// The mock engine binary.
     #[arg(long, default_value = "target/release/mock-upstream")]
     engine: PathBuf,
-    /// Open-loop rates, requests per second.
-    #[arg(long, value_delimiter = ',', default_value = "500,1000,2000,5000")]
+    /// The LiteLLM proxy's `litellm` command (`scripts/bench` installs it); without it LiteLLM
+    /// is not measured.
+    #[arg(long, env = "CLAWBACK_LITELLM")]
+    litellm: Option<PathBuf>,
+    /// Open-loop rates, requests per second. A rate above 80 % of a proxy's maximum is not run
+    /// on that proxy.
+    #[arg(long, value_delimiter = ',', default_value = "25,250,1000,2000")]
     rates: Vec<u32>,
     /// Length of each measured phase, in seconds.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 8)]
     seconds: u64,
     /// Requests in flight for the maximum-throughput phase.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// Run the sidecar on this CPU only (via `taskset`); pin this process and the engine to
+    /// Concurrent streams of the streaming sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+    streams: Vec<usize>,
+    /// Length of each streaming phase, in seconds.
+    #[arg(long, default_value_t = 4)]
+    stream_seconds: u64,
+    /// Run the proxies on this CPU only (via `taskset`); pin this process and the engine to
     /// the other CPUs yourself (`taskset -c 0 clawback-bench --sidecar-cpu 1`).
     #[arg(long)]
     sidecar_cpu: Option<u32>,
@@ -50,618 +71,766 @@ struct Args {
     /// Open-loop rate of the plugin comparison, requests per second.
     #[arg(long, default_value_t = 1000)]
     plugin_rate: u32,
+    /// Measure only these (comma-separated: direct, nginx, off, embedded, redis, litellm);
+    /// the first is the baseline the others are compared with.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "direct,nginx,off,embedded,redis,litellm"
+    )]
+    only: Vec<String>,
     /// Also write the report to this file.
     #[arg(long)]
     out: Option<PathBuf>,
 }
 
-/// A child process killed on drop, so a failed run leaves nothing behind.
-struct Process(Child);
+/// How long a recording sidecar may take, after a phase, to store what it served.
+const STORE_WITHIN: Duration = Duration::from_secs(120);
+/// The rate whose latency the summary quotes, and the one whose CPU it quotes beside the
+/// maximum.
+const SUMMARY_RATE: u32 = 1000;
+const CPU_RATE: u32 = 250;
+/// The rate at which the summary quotes peak RSS.
+const RSS_RATE: u32 = 2000;
 
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// One thing measured: the engine itself, or a proxy in front of it.
+struct Proxy {
+    name: &'static str,
+    url: String,
+    /// The proxy's process (its tree is what CPU and RSS count); none for the engine.
+    process: Option<Process>,
+    /// A clawback sidecar's base URL, whose `/metrics` count what it stored.
+    metrics: Option<String>,
+    /// The Redis it records into, whose CPU is shown apart.
+    redis: Option<u32>,
 }
 
-fn spawn(
-    binary: &PathBuf,
-    args: &[&str],
-    banner: &str,
-    cpu: Option<u32>,
-) -> Result<(Process, String), String> {
-    use std::io::{BufRead, BufReader};
-    let mut command = match cpu {
-        Some(cpu) => {
-            let mut taskset = Command::new("taskset");
-            taskset.arg("-c").arg(cpu.to_string()).arg(binary);
-            taskset
-        }
-        None => Command::new(binary),
-    };
-    let mut child = command
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e} (run scripts/bench)", binary.display()))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    let url = line
-        .trim()
-        .strip_prefix(banner)
-        .ok_or_else(|| format!("{} printed {line:?}", binary.display()))?
-        .to_owned();
-    Ok((Process(child), url))
+/// CPU time used over a phase, in ms: the proxy's tree, and Redis's.
+struct Cpu {
+    proxy: f64,
+    redis: f64,
 }
 
-/// Peak resident memory of a process, sampled every 50 ms while a phase runs.
-struct RssSampler {
-    peak_kib: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-}
-
-impl RssSampler {
-    fn start(pid: u32) -> Self {
-        let peak_kib = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (peak, stopped) = (Arc::clone(&peak_kib), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                if let Some(kib) = rss_kib(pid) {
-                    peak.fetch_max(kib, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
-        Self { peak_kib, stop }
-    }
-
-    fn peak_mib(&self) -> f64 {
-        self.peak_kib.load(Ordering::Relaxed) as f64 / 1024.0
-    }
-}
-
-impl Drop for RssSampler {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-fn chat_body(stream: bool) -> Bytes {
-    let body = serde_json::json!({
-        "model": "mock-llama",
-        "messages": [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "What's the weather in Paris today?"}
-        ],
-        "max_completion_tokens": 64,
-        "stream": stream
-    });
-    Bytes::from(body.to_string())
-}
-
-/// A two-turn tool-using conversation as an agent sends it: the model calls a tool; the second
-/// turn repeats the first with the engine's reply and the tool's result appended, and ends the
-/// trajectory. The second turn is the first step's next state, so a filter plugin evaluates it.
-fn conversation() -> Vec<Turn> {
-    let first = json!({
-        "model": "mock-llama",
-        "messages": [
-            {"role": "system", "content": "You are a helpful assistant. Use tools when they help."},
-            {"role": "user", "content": "What's the temperature in Paris in Celsius?"}
-        ],
-        "tools": [{
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Current weather for a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-            }
-        }],
-        "max_completion_tokens": 64
-    });
-    // What the mock engine answers to the first turn, exactly as it sends it.
-    let reply = Reply::for_request(&first);
-    let call_id = match &reply {
-        Reply::ToolCall { id, .. } => id.clone(),
-        Reply::Text(_) => "call_0".to_owned(),
-    };
-    let answer = engine_json::chat_completion("chatcmpl-bench", &first, &reply);
-    let mut second = first.clone();
-    if let Some(messages) = second["messages"].as_array_mut() {
-        messages.push(answer["choices"][0]["message"].clone());
-        messages.push(json!({"role": "tool", "tool_call_id": call_id,
-                             "content": "{\"city\":\"Paris\",\"temperature\":21,\"unit\":\"celsius\"}"}));
-    }
-    vec![
-        Turn {
-            body: Bytes::from(first.to_string()),
-            headers: Vec::new(),
-        },
-        Turn {
-            body: Bytes::from(second.to_string()),
-            headers: vec![("x-clawback-done", "true")],
-        },
-    ]
-}
-
-/// What a sidecar's `/metrics` says about its filters and its recorder.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Counts {
-    /// Plugin calls by outcome.
-    scored: f64,
-    no_opinion: f64,
-    filter_error: f64,
-    /// Steps not evaluated because the filter queue was full.
-    filter_dropped: f64,
-    /// Writes the recorder dropped (any reason).
-    records_dropped: f64,
-}
-
-impl Counts {
-    async fn scrape(client: &HttpClient, base: &str) -> Result<Self, String> {
-        let request = http::Request::get(format!("{base}/metrics"))
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
-        let response = client
-            .request(request)
-            .await
-            .map_err(|e| format!("{base}/metrics: {e}"))?;
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("{base}/metrics: {e}"))?
-            .to_bytes();
-        let text = String::from_utf8_lossy(&body);
-        Ok(Self {
-            scored: sum(&text, "clawback_filter_calls_total", "outcome=\"score\""),
-            no_opinion: sum(
-                &text,
-                "clawback_filter_calls_total",
-                "outcome=\"no_opinion\"",
-            ),
-            filter_error: sum(
-                &text,
-                "clawback_filter_calls_total",
-                "outcome=\"filter_error\"",
-            ),
-            filter_dropped: sum(&text, "clawback_filter_dropped_total", ""),
-            records_dropped: sum(&text, "clawback_records_dropped_total", ""),
-        })
-    }
-
-    fn since(self, before: Self) -> Self {
+impl Cpu {
+    fn start(proxy: &Proxy) -> Self {
         Self {
-            scored: self.scored - before.scored,
-            no_opinion: self.no_opinion - before.no_opinion,
-            filter_error: self.filter_error - before.filter_error,
-            filter_dropped: self.filter_dropped - before.filter_dropped,
-            records_dropped: self.records_dropped - before.records_dropped,
+            proxy: proxy
+                .process
+                .as_ref()
+                .map_or(0.0, |p| procs::cpu_ms(p.pid())),
+            redis: proxy.redis.map_or(0.0, procs::cpu_ms),
         }
     }
 
-    /// Scrapes until two scrapes 200 ms apart agree (the filter queue drained), at most 10 s;
-    /// the counts and how long it took.
-    async fn settled(client: &HttpClient, base: &str) -> Result<(Self, Duration), String> {
-        let started = std::time::Instant::now();
-        let mut last = Self::scrape(client, base).await?;
-        while started.elapsed() < Duration::from_secs(10) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let now = Self::scrape(client, base).await?;
-            if now == last {
-                break;
-            }
-            last = now;
+    fn since(proxy: &Proxy, start: &Self) -> Self {
+        let now = Self::start(proxy);
+        Self {
+            proxy: now.proxy - start.proxy,
+            redis: now.redis - start.redis,
         }
-        Ok((last, started.elapsed()))
+    }
+
+    /// Per 1,000 calls.
+    fn per_1000(&self, calls: u64) -> Self {
+        let k = 1000.0 / calls.max(1) as f64;
+        Self {
+            proxy: self.proxy * k,
+            redis: self.redis * k,
+        }
+    }
+}
+
+/// What a recording sidecar stored of the calls it served in a phase.
+struct Stored {
+    served: u64,
+    stored: f64,
+    dropped: f64,
+    /// From the phase's end until everything served was stored (or `STORE_WITHIN` passed).
+    drain: Duration,
+    /// Stored calls per second, over the phase and its drain.
+    throughput: f64,
+}
+
+struct Rate {
+    rate: u32,
+    result: PhaseResult,
+    cpu: Cpu,
+    rss_mib: f64,
+}
+
+struct Measured {
+    name: &'static str,
+    has_process: bool,
+    records: bool,
+    max: PhaseResult,
+    max_cpu: Cpu,
+    stored: Option<Stored>,
+    /// `None`: the rate is above what this proxy can serve.
+    rates: Vec<(u32, Option<Rate>)>,
+    streams: Vec<(usize, StreamResult)>,
+    peak_rss_mib: f64,
+}
+
+impl Measured {
+    fn rate(&self, rate: u32) -> Option<&Rate> {
+        self.rates
+            .iter()
+            .find(|(r, _)| *r == rate)
+            .and_then(|(_, m)| m.as_ref())
+    }
+
+    fn streams(&self, concurrency: usize) -> Option<&StreamResult> {
+        self.streams
+            .iter()
+            .find(|(c, _)| *c == concurrency)
+            .map(|(_, s)| s)
+    }
+
+    /// The throughput the summary reports: for a recorder, the rate at which it stored
+    /// everything it served.
+    fn max_throughput(&self) -> f64 {
+        match &self.stored {
+            Some(stored) => stored.throughput.min(self.max.throughput()),
+            None => self.max.throughput(),
+        }
     }
 }
 
-/// The sum of a Prometheus text exposition's samples of `name` whose labels contain `label`.
-fn sum(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter_map(|line| line.strip_prefix(name))
-        .filter(|rest| rest.starts_with(['{', ' ']) && rest.contains(label))
-        .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// A short warm-up (connection pools, allocator) before a measured phase.
-async fn warm_up(client: &HttpClient, target: &Target) {
-    let _ = open_loop(client, target, 200, Duration::from_secs(1)).await;
-}
-
-/// Runs `run` against every target in turn, each after a warm-up, so all of them see the same
-/// machine state.
-async fn each(
-    client: &HttpClient,
-    targets: &[(&str, Target)],
-    run: impl Fn(HttpClient, Target) -> tokio::task::JoinHandle<PhaseResult>,
-) -> Vec<PhaseResult> {
-    let mut results = Vec::new();
-    for (_, target) in targets {
-        warm_up(client, target).await;
-        match run(client.clone(), target.clone()).await {
-            Ok(result) => results.push(result),
-            Err(e) => panic!("a load phase failed: {e}"),
-        }
+fn target(url: &str, stream: bool) -> Target {
+    Target {
+        url: format!("{url}/v1/chat/completions"),
+        turns: vec![Turn {
+            body: workload::agent_request(stream),
+            // LiteLLM checks its master key; the others pass the header on.
+            headers: vec![
+                ("x-clawback-done", "true"),
+                ("authorization", procs::LITELLM_BEARER),
+            ],
+        }],
+        // Each call is its own trajectory, finished by its `x-clawback-done`.
+        session_header: Some("x-clawback-session"),
+        first_byte: false,
     }
-    results
 }
 
-fn ms(x: f64) -> String {
+/// A short warm-up (connection pools, allocator, a JIT-less Python's first imports) before a
+/// measured phase.
+pub(crate) async fn warm_up(client: &HttpClient, target: &Target) {
+    let _ = closed_loop(client, target, 8, Duration::from_secs(1)).await;
+}
+
+pub(crate) fn ms(x: f64) -> String {
     format!("{x:.3}")
 }
 
-/// A `redis-server` for the recording sidecar, on a free port, gone when dropped.
-fn start_redis() -> Result<(Process, String), String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start redis-server: {e}"))?;
-    let url = format!("redis://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok((Process(child), url));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Err("redis-server did not come up".to_owned())
+/// A difference in ms, with its sign.
+fn added_ms(x: f64) -> String {
+    format!("{x:+.3}")
 }
 
-#[tokio::main]
-async fn main() -> Result<(), String> {
-    let args = Args::parse();
+fn us_to_ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Waits until a recording sidecar's recorder has stored what it recorded so far.
+async fn settle(client: &HttpClient, proxy: &Proxy) -> Result<Option<Counts>, String> {
+    match &proxy.metrics {
+        Some(base) => Ok(Some(Counts::settled(client, base, STORE_WITHIN).await?.0)),
+        None => Ok(None),
+    }
+}
+
+/// After a phase that served `served` calls: waits until the sidecar stored them all (or
+/// stopped making progress, or `STORE_WITHIN` passed).
+async fn stored_after(
+    client: &HttpClient,
+    base: &str,
+    before: Counts,
+    served: u64,
+    elapsed: Duration,
+) -> Result<Stored, String> {
+    let ended = Instant::now();
+    let (mut last, mut progress) = (Counts::scrape(client, base).await?.since(before), ended);
+    while last.stored < served as f64
+        && ended.elapsed() < STORE_WITHIN
+        && progress.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = Counts::scrape(client, base).await?.since(before);
+        if now.stored > last.stored {
+            progress = Instant::now();
+        }
+        last = now;
+    }
+    let drain = ended.elapsed();
+    Ok(Stored {
+        served,
+        stored: last.stored,
+        dropped: last.records_dropped,
+        drain,
+        throughput: last.stored / (elapsed + drain).as_secs_f64(),
+    })
+}
+
+async fn measure(client: &HttpClient, proxy: &Proxy, args: &Args) -> Result<Measured, String> {
     let phase = Duration::from_secs(args.seconds);
-    let (_engine, engine_url) = spawn(
-        &args.engine,
-        &["--listen", "127.0.0.1:0"],
-        "mock-upstream listening on ",
-        None,
-    )?;
-    let serve = |extra: &[&str]| {
+    let plain = target(&proxy.url, false);
+    let rss = proxy.process.as_ref().map(|p| RssSampler::start(p.pid()));
+
+    warm_up(client, &plain).await;
+    let before = settle(client, proxy).await?;
+    let cpu = Cpu::start(proxy);
+    let max = closed_loop(client, &plain, args.concurrency, phase).await;
+    let served = max.sent - max.errors;
+    let stored = match (&proxy.metrics, before) {
+        (Some(base), Some(before)) => {
+            Some(stored_after(client, base, before, served, max.elapsed).await?)
+        }
+        _ => None,
+    };
+    let max_cpu = Cpu::since(proxy, &cpu).per_1000(served);
+    eprintln!("{}: maximum {:.0} req/s", proxy.name, max.throughput());
+
+    let mut rates = Vec::new();
+    for &rate in &args.rates {
+        if f64::from(rate) > 0.8 * max.throughput() {
+            rates.push((rate, None));
+            continue;
+        }
+        warm_up(client, &plain).await;
+        settle(client, proxy).await?;
+        let sampler = proxy.process.as_ref().map(|p| RssSampler::start(p.pid()));
+        let cpu = Cpu::start(proxy);
+        let result = open_loop(client, &plain, rate, phase).await;
+        // What the recorder does after the phase for the phase's calls counts too.
+        settle(client, proxy).await?;
+        let cpu = Cpu::since(proxy, &cpu).per_1000(result.sent - result.errors);
+        let rss_mib = sampler.map_or(0.0, |s| s.peak_mib());
+        rates.push((
+            rate,
+            Some(Rate {
+                rate,
+                result,
+                cpu,
+                rss_mib,
+            }),
+        ));
+        eprintln!("{}: {rate} req/s done", proxy.name);
+    }
+
+    let streamed = target(&proxy.url, true);
+    let mut sweep = Vec::new();
+    for &concurrency in &args.streams {
+        warm_up(client, &streamed).await;
+        let result = streams(
+            client,
+            &streamed,
+            concurrency,
+            Duration::from_secs(args.stream_seconds),
+        )
+        .await;
+        sweep.push((concurrency, result));
+    }
+    eprintln!("{}: streams done", proxy.name);
+
+    Ok(Measured {
+        name: proxy.name,
+        has_process: proxy.process.is_some(),
+        records: proxy.metrics.is_some(),
+        max,
+        max_cpu,
+        stored,
+        rates,
+        streams: sweep,
+        peak_rss_mib: rss.map_or(0.0, |s| s.peak_mib()),
+    })
+}
+
+/// The proxies a run measures, in order.
+#[derive(Clone, Copy)]
+enum Kind {
+    Direct,
+    Nginx,
+    ClawbackOff,
+    ClawbackEmbedded,
+    ClawbackRedis,
+    LiteLlm,
+}
+
+impl Kind {
+    fn parse(name: &str) -> Result<Self, String> {
+        Ok(match name {
+            "direct" => Self::Direct,
+            "nginx" => Self::Nginx,
+            "off" => Self::ClawbackOff,
+            "embedded" => Self::ClawbackEmbedded,
+            "redis" => Self::ClawbackRedis,
+            "litellm" => Self::LiteLlm,
+            other => {
+                return Err(format!(
+                    "--only: unknown {other:?} (direct, nginx, off, embedded, redis, litellm)"
+                ))
+            }
+        })
+    }
+}
+
+struct Run<'a> {
+    args: &'a Args,
+    engine_url: String,
+    redis_url: String,
+    redis_pid: u32,
+    scratch: PathBuf,
+}
+
+impl Run<'_> {
+    fn sidecar(&self, extra: &[&str]) -> Result<(Process, String), String> {
         let mut argv = vec![
             "serve",
             "--listen",
             "127.0.0.1:0",
             "--upstream",
-            &engine_url,
+            &self.engine_url,
             "--set",
             "log.filter=warn",
             "--set",
             "limits.max_concurrent_requests=100000",
         ];
         argv.extend_from_slice(extra);
-        spawn(
-            &args.sidecar,
+        procs::spawn(
+            &self.args.sidecar,
             &argv,
             "clawback-sidecar listening on ",
-            args.sidecar_cpu,
+            self.args.sidecar_cpu,
         )
-    };
-    // The proxy alone: an OpenAI-kind upstream, nothing injected, recording off.
-    let (sidecar, sidecar_url) = serve(&[
-        "--upstream-kind",
-        "openai",
-        "--set",
-        "recording.enabled=false",
-    ])?;
-    // Recording into Redis: a vLLM-kind upstream, token ids and logprobs captured and stripped.
-    let (_redis, redis_url) = start_redis()?;
-    let data_dir = std::env::temp_dir().join(format!("clawback-bench-{}", std::process::id()));
-    let recording = |data_dir: &Path, more: &[&str]| {
-        let data_dir = data_dir.display().to_string();
-        let mut extra = vec![
-            "--upstream-kind",
-            "vllm",
-            "--redis",
-            &redis_url,
-            "--data-dir",
-            &data_dir,
-        ];
-        extra.extend_from_slice(more);
-        serve(&extra)
-    };
-    let (recorder, recorder_url) = recording(&data_dir, &[])?;
-    let rss = RssSampler::start(sidecar.0.id());
-    let recorder_rss = RssSampler::start(recorder.0.id());
-    let client = http_client();
-    let target = |base: &str, stream: bool| Target {
-        first_byte: stream,
-        ..Target::call(
-            format!("{base}/v1/chat/completions"),
-            chat_body(stream),
-            vec![("x-clawback-done", "true")],
-        )
-    };
-    let targets = |stream: bool| {
-        vec![
-            ("direct", target(&engine_url, stream)),
-            ("sidecar", target(&sidecar_url, stream)),
-            ("recording", target(&recorder_url, stream)),
-        ]
-    };
-
-    let mut report = String::new();
-    if let Some(cpu) = args.sidecar_cpu {
-        report.push_str(&format!(
-            "Sidecars pinned to CPU {cpu}; load generator and engine on the other CPU(s).\n\n"
-        ));
-    } else {
-        report.push_str("Load generator, engine and sidecars share all CPUs (nothing pinned).\n\n");
-    }
-    report.push_str(&format!(
-        "Non-streaming chat completions, open loop, {}s per phase; latency in ms from the moment \
-         each request was due. *direct*: straight to the mock engine; *sidecar*: the proxy alone \
-         (recording off); *recording*: the proxy recording every call into Redis, with vLLM token \
-         ids and logprobs captured and stripped.\n\n",
-        args.seconds
-    ));
-    report.push_str("| rate (req/s) | direct p50 | p99 | p99.9 | sidecar p50 | p99 | p99.9 | recording p50 | p99 | p99.9 | sidecar added p50 / p99 | recording added p50 / p99 | errors (d/s/r) |\n");
-    report.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for &rate in &args.rates {
-        let r = each(&client, &targets(false), |c, t| {
-            tokio::spawn(async move { open_loop(&c, &t, rate, phase).await })
-        })
-        .await;
-        let p = |i: usize, q| r[i].percentile_ms(q);
-        report.push_str(&format!(
-            "| {rate} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {}/{}/{} |\n",
-            ms(p(0, 0.5)), ms(p(0, 0.99)), ms(p(0, 0.999)),
-            ms(p(1, 0.5)), ms(p(1, 0.99)), ms(p(1, 0.999)),
-            ms(p(2, 0.5)), ms(p(2, 0.99)), ms(p(2, 0.999)),
-            ms(p(1, 0.5) - p(0, 0.5)), ms(p(1, 0.99) - p(0, 0.99)),
-            ms(p(2, 0.5) - p(0, 0.5)), ms(p(2, 0.99) - p(0, 0.99)),
-            r[0].errors, r[1].errors, r[2].errors,
-        ));
-        eprintln!("rate {rate}: done");
     }
 
-    let concurrency = args.concurrency;
-    let r = each(&client, &targets(false), |c, t| {
-        tokio::spawn(async move { closed_loop(&c, &t, concurrency, phase).await })
-    })
-    .await;
-    report.push_str(&format!(
-        "\nMaximum throughput, closed loop with {concurrency} requests in flight: direct {:.0} req/s; \
-         sidecar {:.0} req/s (**{:.0} %** of direct); recording {:.0} req/s (**{:.0} %** of direct); \
-         errors {}/{}/{}.\n",
-        r[0].throughput(),
-        r[1].throughput(),
-        100.0 * r[1].throughput() / r[0].throughput(),
-        r[2].throughput(),
-        100.0 * r[2].throughput() / r[0].throughput(),
-        r[0].errors, r[1].errors, r[2].errors,
-    ));
-
-    let r = each(&client, &targets(true), |c, t| {
-        tokio::spawn(async move { open_loop(&c, &t, 500, phase).await })
-    })
-    .await;
-    report.push_str(&format!(
-        "\nStreaming chat completions at 500 req/s, time to first byte (p50 / p99, ms): direct {} / {}; \
-         sidecar {} / {}; recording {} / {}; errors {}/{}/{}.\n",
-        ms(r[0].percentile_ms(0.5)), ms(r[0].percentile_ms(0.99)),
-        ms(r[1].percentile_ms(0.5)), ms(r[1].percentile_ms(0.99)),
-        ms(r[2].percentile_ms(0.5)), ms(r[2].percentile_ms(0.99)),
-        r[0].errors, r[1].errors, r[2].errors,
-    ));
-    report.push_str(&format!(
-        "\nPeak RSS over the whole run: sidecar {:.1} MiB, recording sidecar {:.1} MiB.\n",
-        rss.peak_mib(),
-        recorder_rss.peak_mib()
-    ));
-
-    if let Some(plugin) = &args.plugin {
-        // The recording sidecar again, with a plugin directory holding only this plugin.
-        let plugin_dir = data_dir.join("plugins");
-        std::fs::create_dir_all(&plugin_dir)
-            .map_err(|e| format!("{}: {e}", plugin_dir.display()))?;
-        let file_name = plugin.file_name().ok_or("--plugin names no file")?;
-        std::fs::copy(plugin, plugin_dir.join(file_name))
-            .map_err(|e| format!("{}: {e}", plugin.display()))?;
-        let plugin_dir_arg = plugin_dir.display().to_string();
-        let (filtered, filtered_url) = recording(
-            &data_dir.join("with-plugin"),
-            &["--plugins", &plugin_dir_arg],
-        )?;
-        let filtered_rss = RssSampler::start(filtered.0.id());
-        let name = plugin
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let section = with_plugin(
-            &client,
-            &Sidecars {
-                recording: &recorder_url,
-                filtered: &filtered_url,
+    /// Starts `kind`; `None` when it cannot be measured here (LiteLLM not installed).
+    fn start(&self, kind: Kind) -> Result<Option<Proxy>, String> {
+        let cpu = self.args.sidecar_cpu;
+        let proxy = |name, (process, url): (Process, String), recording: Option<bool>| Proxy {
+            name,
+            metrics: recording.map(|_| url.clone()),
+            redis: recording.filter(|redis| *redis).map(|_| self.redis_pid),
+            url,
+            process: Some(process),
+        };
+        Ok(Some(match kind {
+            Kind::Direct => Proxy {
+                name: "direct (the engine)",
+                url: self.engine_url.clone(),
+                process: None,
+                metrics: None,
+                redis: None,
             },
-            &name,
-            &args,
-        )
-        .await?;
-        report.push_str(&section);
-        report.push_str(&format!(
-            "\nPeak RSS of the sidecar with the plugin: {:.1} MiB.\n",
-            filtered_rss.peak_mib()
-        ));
+            Kind::Nginx => proxy(
+                "NGINX, plain reverse proxy",
+                procs::start_nginx(&self.engine_url, &self.scratch.join("nginx"), cpu)?,
+                None,
+            ),
+            Kind::ClawbackOff => proxy(
+                "clawback, recording off",
+                self.sidecar(&[
+                    "--upstream-kind",
+                    "openai",
+                    "--set",
+                    "recording.enabled=false",
+                ])?,
+                None,
+            ),
+            Kind::ClawbackEmbedded => {
+                let dir = self.scratch.join("embedded").display().to_string();
+                proxy(
+                    "clawback, recording into its embedded store (SQLite)",
+                    self.sidecar(&["--upstream-kind", "vllm", "--data-dir", &dir])?,
+                    Some(false),
+                )
+            }
+            Kind::ClawbackRedis => {
+                let dir = self.scratch.join("redis").display().to_string();
+                proxy(
+                    "clawback, recording into Redis",
+                    self.sidecar(&[
+                        "--upstream-kind",
+                        "vllm",
+                        "--redis",
+                        &self.redis_url,
+                        "--data-dir",
+                        &dir,
+                    ])?,
+                    Some(true),
+                )
+            }
+            Kind::LiteLlm => match &self.args.litellm {
+                Some(litellm) => proxy(
+                    "LiteLLM proxy (1 worker, no database)",
+                    procs::start_litellm(
+                        litellm,
+                        &self.engine_url,
+                        workload::MODEL,
+                        &self.scratch.join("litellm"),
+                        cpu,
+                    )?,
+                    None,
+                ),
+                None => return Ok(None),
+            },
+        }))
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), String> {
+    let args = Args::parse();
+    let answer_bytes = workload::ANSWER_BYTES.to_string();
+    let (_engine, engine_url) = procs::spawn(
+        &args.engine,
+        &["--listen", "127.0.0.1:0", "--answer-bytes", &answer_bytes],
+        "mock-upstream listening on ",
+        None,
+    )?;
+    let (redis, redis_url) = procs::start_redis()?;
+    let scratch = std::env::temp_dir().join(format!("clawback-bench-{}", std::process::id()));
+    let run = Run {
+        args: &args,
+        engine_url,
+        redis_url,
+        redis_pid: redis.pid(),
+        scratch: scratch.clone(),
+    };
+    let client = http_client();
+    let mut measured = Vec::new();
+    let kinds = args
+        .only
+        .iter()
+        .map(|name| Kind::parse(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    for kind in kinds {
+        let Some(proxy) = run.start(kind)? else {
+            eprintln!("LiteLLM is not measured: no --litellm (scripts/bench installs it)");
+            continue;
+        };
+        measured.push(measure(&client, &proxy, &args).await?);
     }
 
+    let mut report = report(&args, &measured);
+    if let Some(plugin) = &args.plugin {
+        report.push_str(&plugin_section(&args, &run, plugin, &client).await?);
+    }
     println!("{report}");
-    let _ = std::fs::remove_dir_all(&data_dir);
-    if let Some(out) = args.out {
-        std::fs::write(&out, &report).map_err(|e| format!("{}: {e}", out.display()))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    if let Some(out) = &args.out {
+        std::fs::write(out, &report).map_err(|e| format!("{}: {e}", out.display()))?;
     }
     Ok(())
 }
 
-/// The two sidecars the plugin comparison measures: both record into the same Redis.
-struct Sidecars<'a> {
-    recording: &'a str,
-    filtered: &'a str,
-}
-
-/// One phase of the plugin comparison, on both sidecars.
-struct Compared {
-    without: PhaseResult,
-    with: PhaseResult,
-    /// The plugin sidecar's counts over its phase, when the phase ended.
-    at_end: Counts,
-    /// The same once its filter queue drained, `waited` after the phase ended.
-    drained: Counts,
-    waited: Duration,
-    /// Writes the sidecar without the plugin dropped in its phase.
-    plain_dropped: f64,
-}
-
-impl Compared {
-    /// What the plugin did in the phase, in words.
-    fn evaluations(&self) -> String {
-        let (at_end, drained) = (self.at_end, self.drained);
-        format!(
-            "conversations answered {:.0}; plugin calls by the phase's end: {:.0} scored, {:.0} no \
-             opinion, {:.0} filter_error; once the filter queue drained ({} ms later): {:.0} \
-             scored; steps dropped by the full filter queue: {:.0}; recorder writes dropped \
-             (full queue: the datapool is slower than the traffic) without / with the plugin: \
-             {:.0} / {:.0}",
-            (self.with.sent - self.with.errors) as f64 / 2.0,
-            at_end.scored,
-            at_end.no_opinion,
-            at_end.filter_error,
-            self.waited.as_millis(),
-            drained.scored,
-            drained.filter_dropped,
-            self.plain_dropped,
-            drained.records_dropped,
-        )
-    }
-}
-
-/// One phase of the plugin comparison: the sidecar without the plugin, then the one with it,
-/// each after a warm-up; the plugin sidecar's counts are taken after its warm-up, when its
-/// phase ends, and once its filter queue drained.
-async fn compare(
-    client: &HttpClient,
-    (plain, plain_base): (&Target, &str),
-    (filtered, base): (&Target, &str),
-    run: impl Fn(HttpClient, Target) -> tokio::task::JoinHandle<PhaseResult>,
-) -> Result<Compared, String> {
-    warm_up(client, plain).await;
-    let plain_before = Counts::scrape(client, plain_base).await?;
-    let without = run(client.clone(), plain.clone())
-        .await
-        .map_err(|e| format!("a load phase failed: {e}"))?;
-    let plain_after = Counts::scrape(client, plain_base).await?;
-    warm_up(client, filtered).await;
-    let (before, _) = Counts::settled(client, base).await?;
-    let with = run(client.clone(), filtered.clone())
-        .await
-        .map_err(|e| format!("a load phase failed: {e}"))?;
-    let at_end = Counts::scrape(client, base).await?.since(before);
-    let (drained, waited) = Counts::settled(client, base).await?;
-    Ok(Compared {
-        without,
-        with,
-        at_end,
-        drained: drained.since(before),
-        waited,
-        plain_dropped: plain_after.since(plain_before).records_dropped,
-    })
-}
-
-/// Recording with one plugin loaded against recording without it, on the same two-turn
-/// conversations: one open-loop rate and the closed-loop maximum; each phase reports the
-/// evaluations the plugin sidecar counted (during the phase, and once its filter queue drained).
-async fn with_plugin(
-    client: &HttpClient,
-    sidecars: &Sidecars<'_>,
-    plugin: &str,
+/// Recording with the plugin against recording without it, on an engine of the usual replies
+/// (the conversations need its tool calls).
+async fn plugin_section(
     args: &Args,
+    run: &Run<'_>,
+    plugin: &Path,
+    client: &HttpClient,
 ) -> Result<String, String> {
-    let phase = Duration::from_secs(args.seconds);
-    let target = |base: &str| Target {
-        url: format!("{base}/v1/chat/completions"),
-        turns: conversation(),
-        session_header: Some("x-clawback-session"),
-        first_byte: false,
+    let (_engine, engine_url) = procs::spawn(
+        &args.engine,
+        &["--listen", "127.0.0.1:0"],
+        "mock-upstream listening on ",
+        None,
+    )?;
+    let run = Run {
+        engine_url,
+        scratch: run.scratch.join("plugin"),
+        redis_url: run.redis_url.clone(),
+        ..*run
     };
-    let (plain, filtered) = (target(sidecars.recording), target(sidecars.filtered));
-    let mut report = format!(
-        "\n#### Recording + one filter plugin (`{plugin}`)\n\n\
-         Two-turn tool-using conversations, each in its own session (`x-clawback-session`): the \
-         model calls a tool, the second turn sends the tool's result and ends the trajectory, so \
-         every conversation gives one step with a next state for the plugin. *recording*: the \
-         recording sidecar above; *+ plugin*: the same with `--plugins` holding only \
-         `{plugin}.wasm` (filters at their defaults). Latency per call in ms, {}s per phase.\n\n",
-        args.seconds
-    );
-    let rate = args.plugin_rate;
-    let c = compare(
+    let plugin_dir = run.scratch.join("plugins");
+    std::fs::create_dir_all(&plugin_dir).map_err(|e| format!("{}: {e}", plugin_dir.display()))?;
+    let file_name = plugin.file_name().ok_or("--plugin names no file")?;
+    std::fs::copy(plugin, plugin_dir.join(file_name))
+        .map_err(|e| format!("{}: {e}", plugin.display()))?;
+    let recording = |dir: &str, more: &[&str]| {
+        let data_dir = run.scratch.join(dir).display().to_string();
+        let mut extra = vec![
+            "--upstream-kind",
+            "vllm",
+            "--redis",
+            &run.redis_url,
+            "--data-dir",
+            &data_dir,
+        ];
+        extra.extend_from_slice(more);
+        run.sidecar(&extra)
+    };
+    let (_plain, plain_url) = recording("without", &[])?;
+    let plugin_dir_arg = plugin_dir.display().to_string();
+    let (filtered, filtered_url) = recording("with", &["--plugins", &plugin_dir_arg])?;
+    let filtered_rss = RssSampler::start(filtered.pid());
+    let name = plugin
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut section = plugin::with_plugin(
         client,
-        (&plain, sidecars.recording),
-        (&filtered, sidecars.filtered),
-        |c, t| tokio::spawn(async move { open_loop(&c, &t, rate, phase).await }),
+        &plugin::Sidecars {
+            recording: &plain_url,
+            filtered: &filtered_url,
+        },
+        &name,
+        args.plugin_rate,
+        args.concurrency,
+        args.seconds,
     )
     .await?;
-    let (without, with) = (&c.without, &c.with);
-    let p = |r: &PhaseResult, q| r.percentile_ms(q);
-    report.push_str(&format!(
-        "Open loop at {rate} req/s: recording p50 / p99 / p99.9 {} / {} / {}; + plugin {} / {} / {} \
-         (added p50 / p99 {} / {}); errors {}/{}; {}.\n",
-        ms(p(without, 0.5)), ms(p(without, 0.99)), ms(p(without, 0.999)),
-        ms(p(with, 0.5)), ms(p(with, 0.99)), ms(p(with, 0.999)),
-        ms(p(with, 0.5) - p(without, 0.5)), ms(p(with, 0.99) - p(without, 0.99)),
-        without.errors, with.errors,
-        c.evaluations(),
+    section.push_str(&format!(
+        "\nPeak RSS of the sidecar with the plugin: {:.1} MiB.\n",
+        filtered_rss.peak_mib()
     ));
-    eprintln!("plugin, rate {rate}: done");
+    Ok(section)
+}
 
-    let concurrency = args.concurrency;
-    let c = compare(
-        client,
-        (&plain, sidecars.recording),
-        (&filtered, sidecars.filtered),
-        |c, t| tokio::spawn(async move { closed_loop(&c, &t, concurrency, phase).await }),
-    )
-    .await?;
-    report.push_str(&format!(
-        "\nMaximum throughput, closed loop with {concurrency} conversations in flight: recording \
-         {:.0} req/s; + plugin {:.0} req/s (**{:.0} %** of recording); errors {}/{}; {}.\n",
-        c.without.throughput(),
-        c.with.throughput(),
-        100.0 * c.with.throughput() / c.without.throughput(),
-        c.without.errors,
-        c.with.errors,
-        c.evaluations(),
+/// The Markdown report of a run.
+fn report(args: &Args, measured: &[Measured]) -> String {
+    let mut out = String::new();
+    match args.sidecar_cpu {
+        Some(cpu) => out.push_str(&format!(
+            "Proxies pinned to CPU {cpu}; load generator, engine and Redis on the other CPU(s).\n\n"
+        )),
+        None => out.push_str(
+            "Load generator, engine, Redis and the proxy share all CPUs (nothing pinned).\n\n",
+        ),
+    }
+    out.push_str(&format!(
+        "Workload: one agent call — a {} B chat request (system prompt, 3 tools, the user's ask, \
+         a tool call and its result) answered by the zero-delay mock engine with a {} B text \
+         (one token per word, with token ids and logprobs when the sidecar asks for them) — each \
+         call its own trajectory (a session id of its own, `x-clawback-done`). Maximum: closed \
+         loop, {} calls in flight, {} s. Rates: open loop, {} s each, latency from each \
+         request's due time. CPU: user + system time of the proxy's whole process tree from \
+         `/proc` (for a recorder, until it stored the phase's calls), per 1,000 calls; Redis's \
+         apart. RSS: the tree's peak.\n\n",
+        workload::agent_request(false).len(),
+        workload::ANSWER_BYTES,
+        args.concurrency,
+        args.seconds,
+        args.seconds,
     ));
-    eprintln!("plugin, closed loop: done");
-    Ok(report)
+    let direct = measured.first();
+    let direct_max = direct.map_or(1.0, |d| d.max.throughput());
+    let direct_rate = |rate| direct.and_then(|d| d.rate(rate));
+    let streams_at = *args.streams.get(2).or(args.streams.last()).unwrap_or(&1);
+    let direct_streams = direct.and_then(|d| d.streams(streams_at));
+
+    out.push_str(&format!(
+        "| target | max req/s | % of direct | stored at max | CPU ms / 1,000 calls at max / at {CPU_RATE} req/s | Redis CPU ms / 1,000 (max / {CPU_RATE}) | added p50 / p99 at {SUMMARY_RATE} req/s (ms) | peak RSS (MiB), at {RSS_RATE} req/s | streams/s at {streams_at}, % of direct |\n\
+         |---|---:|---:|---|---:|---:|---:|---:|---:|\n"
+    ));
+    for m in measured {
+        let stored = match &m.stored {
+            Some(s) => format!(
+                "{:.0} of {} ({:.1} %) within {:.1} s after; dropped {:.0}",
+                s.stored,
+                s.served,
+                100.0 * s.stored / s.served.max(1) as f64,
+                s.drain.as_secs_f64(),
+                s.dropped
+            ),
+            None => "—".to_owned(),
+        };
+        let cpu = if m.has_process {
+            format!(
+                "{:.0} / {}",
+                m.max_cpu.proxy,
+                m.rate(CPU_RATE)
+                    .map_or("—".to_owned(), |r| format!("{:.0}", r.cpu.proxy))
+            )
+        } else {
+            "—".to_owned()
+        };
+        let redis_cpu = if m.records && m.max_cpu.redis > 0.0 {
+            format!(
+                "{:.0} / {}",
+                m.max_cpu.redis,
+                m.rate(CPU_RATE)
+                    .map_or("—".to_owned(), |r| format!("{:.0}", r.cpu.redis))
+            )
+        } else {
+            "—".to_owned()
+        };
+        let added = match (m.rate(SUMMARY_RATE), direct_rate(SUMMARY_RATE)) {
+            (Some(r), Some(d)) if m.has_process => format!(
+                "{} / {}",
+                added_ms(r.result.percentile_ms(0.5) - d.result.percentile_ms(0.5)),
+                added_ms(r.result.percentile_ms(0.99) - d.result.percentile_ms(0.99))
+            ),
+            _ => "—".to_owned(),
+        };
+        let rss = if m.has_process {
+            format!(
+                "{:.1}, {}",
+                m.peak_rss_mib,
+                m.rate(RSS_RATE)
+                    .map_or("—".to_owned(), |r| format!("{:.1}", r.rss_mib))
+            )
+        } else {
+            "—".to_owned()
+        };
+        let streamed = match (m.streams(streams_at), direct_streams) {
+            (Some(s), Some(d)) => format!(
+                "{:.0}, {:.0} %",
+                s.throughput(),
+                100.0 * s.throughput() / d.throughput().max(f64::MIN_POSITIVE)
+            ),
+            _ => "—".to_owned(),
+        };
+        out.push_str(&format!(
+            "| {} | {:.0} | {:.1} % | {stored} | {cpu} | {redis_cpu} | {added} | {rss} | {streamed} |\n",
+            m.name,
+            m.max_throughput(),
+            100.0 * m.max_throughput() / direct_max,
+        ));
+    }
+    out.push_str(
+        "\nFor a recorder, *max req/s* is the rate at which it stored everything it served: the \
+         calls stored over the phase and the time it took to store them.\n",
+    );
+
+    out.push_str("\n#### Latency at fixed rates (ms, from each request's due time)\n\n");
+    out.push_str("| target | rate | p50 | p90 | p99 | added p50 / p90 / p99 | CPU ms / 1,000 | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for m in measured {
+        for (rate, r) in &m.rates {
+            let Some(r) = r else {
+                out.push_str(&format!(
+                    "| {} | {rate} | over its maximum: not run | | | | | |\n",
+                    m.name
+                ));
+                continue;
+            };
+            let p = |q| r.result.percentile_ms(q);
+            let added = match direct_rate(r.rate) {
+                Some(d) if m.has_process => {
+                    let dp = |q| d.result.percentile_ms(q);
+                    format!(
+                        "{} / {} / {}",
+                        added_ms(p(0.5) - dp(0.5)),
+                        added_ms(p(0.9) - dp(0.9)),
+                        added_ms(p(0.99) - dp(0.99))
+                    )
+                }
+                _ => "—".to_owned(),
+            };
+            let cpu = if m.has_process {
+                format!("{:.0}", r.cpu.proxy)
+            } else {
+                "—".to_owned()
+            };
+            out.push_str(&format!(
+                "| {} | {rate} | {} | {} | {} | {added} | {cpu} | {} |\n",
+                m.name,
+                ms(p(0.5)),
+                ms(p(0.9)),
+                ms(p(0.99)),
+                r.result.errors
+            ));
+        }
+    }
+
+    out.push_str(&format!(
+        "\n#### Streams (ms): concurrent streamed calls, closed loop, {} s each; the gap is \
+         between body chunks as the client reads them\n\n",
+        args.stream_seconds
+    ));
+    out.push_str("| target | streams | first byte p50 / p99 | gap p50 / p99 | total p50 / p99 | streams/s | errors |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    for m in measured {
+        for (concurrency, s) in &m.streams {
+            let q = |h: &hdrhistogram::Histogram<u64>, q| ms(us_to_ms(h.value_at_quantile(q)));
+            out.push_str(&format!(
+                "| {} | {concurrency} | {} / {} | {} / {} | {} / {} | {:.0} | {} |\n",
+                m.name,
+                q(&s.first_byte, 0.5),
+                q(&s.first_byte, 0.99),
+                q(&s.gap, 0.5),
+                q(&s.gap, 0.99),
+                q(&s.total, 0.5),
+                q(&s.total, 0.99),
+                s.throughput(),
+                s.errors
+            ));
+        }
+    }
+    out.push_str(&aims(measured));
+    out
+}
+
+/// The issue's aims, against NGINX and direct in the same run.
+fn aims(measured: &[Measured]) -> String {
+    let find = |prefix: &str| measured.iter().find(|m| m.name.starts_with(prefix));
+    let (Some(direct), Some(nginx), Some(off)) = (
+        find("direct"),
+        find("NGINX"),
+        find("clawback, recording off"),
+    ) else {
+        return String::new();
+    };
+    let redis = find("clawback, recording into Redis");
+    let mut out = String::from("\n#### Against the aims\n\n");
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    let at = |m: &Measured| m.rate(CPU_RATE).map(|r| r.cpu.proxy);
+    out.push_str(&format!(
+        "- CPU per call, recording off, vs NGINX: {:.2}× at the maximum, {} at {CPU_RATE} req/s (aim ≤ 1.5×).\n",
+        ratio(off.max_cpu.proxy, nginx.max_cpu.proxy),
+        match (at(off), at(nginx)) {
+            (Some(a), Some(b)) => format!("{:.2}×", ratio(a, b)),
+            _ => "—".to_owned(),
+        }
+    ));
+    if let Some(redis) = redis {
+        out.push_str(&format!(
+            "- CPU per call, recording into Redis, vs NGINX: {:.2}× at the maximum ({:.2}× with Redis's own), {} at {CPU_RATE} req/s (aim ≤ 3×).\n",
+            ratio(redis.max_cpu.proxy, nginx.max_cpu.proxy),
+            ratio(redis.max_cpu.proxy + redis.max_cpu.redis, nginx.max_cpu.proxy),
+            match (at(redis), at(nginx)) {
+                (Some(a), Some(b)) => format!("{:.2}×", ratio(a, b)),
+                _ => "—".to_owned(),
+            }
+        ));
+    }
+    let added_p99 = |m: &Measured| {
+        Some(
+            m.rate(SUMMARY_RATE)?.result.percentile_ms(0.99)
+                - direct.rate(SUMMARY_RATE)?.result.percentile_ms(0.99),
+        )
+    };
+    for m in [Some(off), redis].into_iter().flatten() {
+        if let Some(added) = added_p99(m) {
+            out.push_str(&format!(
+                "- Added p99 at {SUMMARY_RATE} req/s, {}: {} ms (aim ≤ 0.3 ms).\n",
+                m.name,
+                added_ms(added)
+            ));
+        }
+    }
+    let first_byte = |m: &Measured, c| {
+        m.streams(c)
+            .map(|s| us_to_ms(s.first_byte.value_at_quantile(0.5)))
+    };
+    for m in [Some(off), redis].into_iter().flatten() {
+        if let (Some(a), Some(d)) = (first_byte(m, 1), first_byte(direct, 1)) {
+            out.push_str(&format!(
+                "- Added time to first byte, one stream at a time, p50, {}: {} ms (aim ≤ 0.2 ms).\n",
+                m.name,
+                added_ms(a - d)
+            ));
+        }
+    }
+    for m in measured.iter().filter(|m| m.records) {
+        if let Some(r) = m.rate(RSS_RATE) {
+            out.push_str(&format!(
+                "- Peak RSS at {RSS_RATE} req/s, {}: {:.1} MiB (aim ≤ 50 MiB).\n",
+                m.name, r.rss_mib
+            ));
+        }
+    }
+    out
 }
