@@ -149,6 +149,16 @@ PY
     export CLAWBACK_VLLM_PYTHON="$venv/bin/python"
 }
 
+# Torch for the trainer (scripts/ensure-torch), and LIBTORCH set to the venv's torch: one path
+# for every clone, so torch-sys's build in the shared build folder is reused.
+ensure_torch() {
+    local out
+    out="$("$ROOT/scripts/ensure-torch")"
+    LIBTORCH="$(sed -n 's/^export LIBTORCH="\(.*\)"$/\1/p' <<<"$out")"
+    [ -n "$LIBTORCH" ] || { say "scripts/ensure-torch printed no LIBTORCH"; return 1; }
+    export LIBTORCH
+}
+
 # The LiteLLM proxy, the gateway many users put in front of an engine: `scripts/bench` measures
 # it beside NGINX and clawback. Pinned, so the figures it prints compare like with like.
 LITELLM_VERSION="${LITELLM_VERSION:-1.108.0}"

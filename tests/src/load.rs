@@ -140,6 +140,22 @@ impl Recorder {
     }
 }
 
+/// The HTTP request of one turn, with its headers and the unit's session id.
+fn request(
+    target: &Target,
+    turn: &Turn,
+    session: Option<&str>,
+) -> Result<Request<Full<Bytes>>, ()> {
+    let mut request = Request::post(target.url.as_str()).header("content-type", "application/json");
+    for (name, value) in &turn.headers {
+        request = request.header(*name, *value);
+    }
+    if let (Some(name), Some(session)) = (target.session_header, session) {
+        request = request.header(name, session);
+    }
+    request.body(Full::new(turn.body.clone())).map_err(|_| ())
+}
+
 /// One request; the latency counts from `due`.
 async fn call(
     client: &HttpClient,
@@ -148,14 +164,7 @@ async fn call(
     session: Option<&str>,
     due: Instant,
 ) -> Result<Duration, ()> {
-    let mut request = Request::post(target.url.as_str()).header("content-type", "application/json");
-    for (name, value) in &turn.headers {
-        request = request.header(*name, *value);
-    }
-    if let (Some(name), Some(session)) = (target.session_header, session) {
-        request = request.header(name, session);
-    }
-    let request = request.body(Full::new(turn.body.clone())).map_err(|_| ())?;
+    let request = request(target, turn, session)?;
     let work = async {
         let response = client.request(request).await.map_err(|_| ())?;
         if response.status() != StatusCode::OK {
@@ -294,14 +303,7 @@ async fn stream_call(
     session: Option<&str>,
 ) -> Result<(Duration, Vec<Duration>, Duration), ()> {
     let turn = target.turns.first().ok_or(())?;
-    let mut request = Request::post(target.url.as_str()).header("content-type", "application/json");
-    for (name, value) in &turn.headers {
-        request = request.header(*name, *value);
-    }
-    if let (Some(name), Some(session)) = (target.session_header, session) {
-        request = request.header(name, session);
-    }
-    let request = request.body(Full::new(turn.body.clone())).map_err(|_| ())?;
+    let request = request(target, turn, session)?;
     let work = async {
         let start = Instant::now();
         let response = client.request(request).await.map_err(|_| ())?;

@@ -96,6 +96,14 @@ fn jsonl(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The optimizer steps' lines of a metrics log (it also has a line per checkpoint and publish).
+fn step_lines(path: &Path) -> Vec<serde_json::Value> {
+    jsonl(path)
+        .into_iter()
+        .filter(|line| line.get("step").is_some())
+        .collect()
+}
+
 /// What every successful run must leave behind: steps taken, a PEFT adapter that loads and was
 /// moved off its zero init, every recorded step applied exactly once, every entry acked.
 fn assert_trained_everything(
@@ -170,7 +178,7 @@ fn the_loop_trains_from_a_local_store_checkpoints_in_peft_format_and_acks() {
     assert_trained_everything(dir.path(), &model, &tenant, &recorded);
     assert_eq!(rt.block_on(unacked(&store, &tenant, "trainer")), 0);
 
-    let lines = jsonl(&dir.path().join("metrics.jsonl"));
+    let lines = step_lines(&dir.path().join("metrics.jsonl"));
     assert_eq!(lines.len() as u64, summary.optimizer_steps[&tenant]);
     let last = &lines[lines.len() - 1];
     for key in [
@@ -313,7 +321,7 @@ fn a_trainer_killed_after_its_first_checkpoint_resumes_losing_nothing_and_repeat
     let at_kill = checkpoints(&root, &tenant)
         .last()
         .map_or(0, |(_, s)| s.optimizer_steps);
-    let stepped_before_kill = jsonl(&first_log).len();
+    let stepped_before_kill = step_lines(&first_log).len();
     println!("killed after {stepped_before_kill} steps, latest checkpoint at step {at_kill}");
 
     // The restarted trainer takes over the dead one's unacked entries after claim_idle (1 s),
@@ -347,7 +355,7 @@ fn a_trainer_killed_after_its_first_checkpoint_resumes_losing_nothing_and_repeat
     let saved = assert_trained_everything(dir.path(), &model, &tenant, &recorded);
     // Continuous optimizer steps: the restart continued from the checkpoint it found, and as
     // each step trains one trajectory, the count is the number of trajectories exactly.
-    let resumed = jsonl(&second_log);
+    let resumed = step_lines(&second_log);
     if at_kill < 24 {
         assert_eq!(
             resumed.first().and_then(|l| l["step"].as_u64()),
@@ -403,7 +411,7 @@ fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenize
     let summary = train_until_idle(&text);
     assert_eq!(summary.optimizer_steps[&tenant], 1);
 
-    let lines = jsonl(&dir.path().join("metrics.jsonl"));
+    let lines = step_lines(&dir.path().join("metrics.jsonl"));
     let last = &lines[lines.len() - 1];
     assert_eq!(last["samples_stats"]["text_only"], 2, "{last}");
     assert_eq!(last["dropped"]["text_only_skipped"], 0, "{last}");
