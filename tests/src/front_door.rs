@@ -108,12 +108,16 @@ fn nginx_main(dir: &Path, site: &Path) -> String {
     )
 }
 
-fn nginx_binary() -> PathBuf {
-    let found = std::env::var_os("CLAWBACK_NGINX")
+/// The nginx binary: `CLAWBACK_NGINX`, else on `PATH`, else Debian's `/usr/sbin/nginx`.
+pub fn find_nginx() -> Option<PathBuf> {
+    std::env::var_os("CLAWBACK_NGINX")
         .map(PathBuf::from)
         .or_else(|| which("nginx"))
-        .or_else(|| Some(PathBuf::from("/usr/sbin/nginx")).filter(|p| p.exists()));
-    found.unwrap_or_else(|| {
+        .or_else(|| Some(PathBuf::from("/usr/sbin/nginx")).filter(|p| p.exists()))
+}
+
+fn nginx_binary() -> PathBuf {
+    find_nginx().unwrap_or_else(|| {
         panic!(
             "nginx not found (not on PATH, not /usr/sbin/nginx, CLAWBACK_NGINX unset): \
              scripts/test installs it (`apt-get install nginx`)"

@@ -106,9 +106,7 @@ struct Recorder {
 impl Recorder {
     fn new() -> Arc<Self> {
         Arc::new(Self {
-            latency: Mutex::new(
-                Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds"),
-            ),
+            latency: Mutex::new(histogram()),
             errors: AtomicU64::new(0),
         })
     }
@@ -116,9 +114,8 @@ impl Recorder {
     fn record(&self, outcome: Result<Duration, ()>) {
         match outcome {
             Ok(latency) => {
-                let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
                 let mut histogram = self.latency.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = histogram.record(micros.max(1));
+                let _ = histogram.record(micros(latency));
             }
             Err(()) => {
                 self.errors.fetch_add(1, Ordering::Relaxed);
@@ -288,10 +285,12 @@ impl StreamResult {
     }
 }
 
+/// A latency histogram in microseconds, 1 µs to 60 s.
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
+/// A latency in whole microseconds, at least 1 (the histogram's lower bound).
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }

@@ -501,14 +501,7 @@ impl Metrics {
         if self.progress {
             println!("{}", report.line());
         }
-        if let Some(file) = &mut self.jsonl {
-            let written = serde_json::to_string(report)
-                .map_err(std::io::Error::other)
-                .and_then(|line| writeln!(file, "{line}"));
-            if let Err(e) = written {
-                eprintln!("clawback-trainer: cannot append to the metrics log: {e}");
-            }
-        }
+        self.append(report);
         if let Ok(mut prom) = self.prom.lock() {
             prom.record(report);
         }
@@ -520,14 +513,7 @@ impl Metrics {
         if self.progress || report.error.is_some() {
             println!("{}", report.line());
         }
-        if let Some(file) = &mut self.jsonl {
-            let written = serde_json::to_string(&serde_json::json!({ "publish": report }))
-                .map_err(std::io::Error::other)
-                .and_then(|line| writeln!(file, "{line}"));
-            if let Err(e) = written {
-                eprintln!("clawback-trainer: cannot append to the metrics log: {e}");
-            }
-        }
+        self.append(&serde_json::json!({ "publish": report }));
         if let Ok(mut prom) = self.prom.lock() {
             prom.record_publish(report);
         }
@@ -535,8 +521,14 @@ impl Metrics {
 
     /// Appends a checkpoint to the JSONL log (`{"checkpoint": {...}}`), after it is on disk.
     pub fn record_checkpoint(&mut self, report: &CheckpointReport) {
+        self.append(&serde_json::json!({ "checkpoint": report }));
+    }
+
+    /// One line of the JSONL log. A write that fails is logged, not fatal: the training itself
+    /// is what must go on.
+    fn append(&mut self, line: &impl Serialize) {
         if let Some(file) = &mut self.jsonl {
-            let written = serde_json::to_string(&serde_json::json!({ "checkpoint": report }))
+            let written = serde_json::to_string(line)
                 .map_err(std::io::Error::other)
                 .and_then(|line| writeln!(file, "{line}"));
             if let Err(e) = written {

@@ -638,23 +638,22 @@ fn report(args: &Args, measured: &[Measured]) -> String {
             ),
             None => "—".to_owned(),
         };
-        let cpu = if m.has_process {
+        // CPU per 1,000 calls at the maximum / at CPU_RATE.
+        let at_max_and_rate = |pick: fn(&Cpu) -> f64| {
             format!(
                 "{:.0} / {}",
-                m.max_cpu.proxy,
+                pick(&m.max_cpu),
                 m.rate(CPU_RATE)
-                    .map_or("—".to_owned(), |r| format!("{:.0}", r.cpu.proxy))
+                    .map_or("—".to_owned(), |r| format!("{:.0}", pick(&r.cpu)))
             )
+        };
+        let cpu = if m.has_process {
+            at_max_and_rate(|c| c.proxy)
         } else {
             "—".to_owned()
         };
         let redis_cpu = if m.records && m.max_cpu.redis > 0.0 {
-            format!(
-                "{:.0} / {}",
-                m.max_cpu.redis,
-                m.rate(CPU_RATE)
-                    .map_or("—".to_owned(), |r| format!("{:.0}", r.cpu.redis))
-            )
+            at_max_and_rate(|c| c.redis)
         } else {
             "—".to_owned()
         };

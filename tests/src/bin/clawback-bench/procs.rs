@@ -3,7 +3,7 @@
 //! workers, LiteLLM's uvicorn worker count with their parent).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -117,8 +117,7 @@ pub fn start_nginx(
     dir: &Path,
     cpu: Option<u32>,
 ) -> Result<(Process, String), String> {
-    let binary = which("nginx")
-        .or_else(|| Some(PathBuf::from("/usr/sbin/nginx")).filter(|p| p.exists()))
+    let binary = clawback_tests::front_door::find_nginx()
         .ok_or("nginx not found: scripts/bench installs it (apt-get install nginx)")?;
     let upstream = upstream
         .strip_prefix("http://")
@@ -195,14 +194,6 @@ pub fn start_litellm(
     // Importing LiteLLM takes a while.
     listening(&mut process, port, Duration::from_secs(180), "litellm")?;
     Ok((process, format!("http://127.0.0.1:{port}")))
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    })
 }
 
 /// `pid` and every process below it.
