@@ -148,6 +148,13 @@ impl UnixMs {
     pub fn saturating_sub(self, d: std::time::Duration) -> Self {
         UnixMs(self.0.saturating_sub(d.as_millis() as u64))
     }
+
+    pub fn saturating_add(self, d: std::time::Duration) -> Self {
+        UnixMs(
+            self.0
+                .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
 }
 
 #[cfg(test)]

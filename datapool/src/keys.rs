@@ -25,6 +25,8 @@
 //! | `clawback:{t}:name:{name}` | string | the live trajectory an agent's session name stands for |
 //! | `clawback:{t}:stitch:{hash}` | string | the live trajectory (or `*{n}`: several) a stitching key continues |
 //! | `clawback:{t}:finished:{id}` | string | `{reason}\|{steps}\|{last step}` of a trajectory finished lately: repeated requests get the same answer |
+//! | `clawback:{t}:completing` | zset (score = due ms) | finished trajectories whose completion is not reported written yet; another replica's sweep takes over those past due |
+//! | `clawback:{t}:completing:why` | hash | trajectory → `{reason}\|{steps}` of each in `completing` |
 
 use crate::ids::{GroupId, TenantId, TrajectoryId};
 

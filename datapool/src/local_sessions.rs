@@ -46,6 +46,11 @@ CREATE TABLE IF NOT EXISTS finished (
     last_step TEXT, at INTEGER NOT NULL,
     PRIMARY KEY (tenant, id));
 CREATE INDEX IF NOT EXISTS finished_by_age ON finished (at);
+CREATE TABLE IF NOT EXISTS completing (
+    tenant TEXT NOT NULL, id TEXT NOT NULL, reason TEXT NOT NULL, steps INTEGER NOT NULL,
+    due INTEGER NOT NULL,
+    PRIMARY KEY (tenant, id));
+CREATE INDEX IF NOT EXISTS completing_by_due ON completing (tenant, due);
 CREATE TABLE IF NOT EXISTS session_keys (
     digest TEXT PRIMARY KEY, tenant TEXT NOT NULL, trajectory TEXT NOT NULL,
     expires INTEGER NOT NULL);
@@ -241,7 +246,8 @@ fn finished(
     }))
 }
 
-/// Removes every trace of a live trajectory; what the caller completes it with.
+/// Removes every trace of a live trajectory; what the caller completes it with (and reports
+/// written before the completion lease runs out).
 fn finish_now(
     tx: &Transaction<'_>,
     tenant: &str,
@@ -249,7 +255,19 @@ fn finish_now(
     row: &LiveRow,
     reason: CompletionReason,
     now: UnixMs,
+    timing: Timing,
 ) -> Result<Finishing> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO completing (tenant, id, reason, steps, due)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        tenant,
+        id,
+        reason.as_str(),
+        row.next_index,
+        timing.completion_due(now).0 as i64
+    ])?;
     tx.prepare_cached(
         "INSERT OR REPLACE INTO finished (tenant, id, reason, steps, last_step, at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -488,7 +506,7 @@ impl Sessions for LocalSessions {
             let stale_before = done.now.saturating_sub(timing.stale_call).0;
             if let Some(reason) = stored_reason(row.finish_after.as_deref()) {
                 if !busy(tx, tenant, &id, stale_before)? {
-                    let finishing = finish_now(tx, tenant, &id, &row, reason, done.now)?;
+                    let finishing = finish_now(tx, tenant, &id, &row, reason, done.now, timing)?;
                     return Ok(StepSlot {
                         index: Some(index),
                         finishing: Some(finishing),
@@ -541,7 +559,7 @@ impl Sessions for LocalSessions {
             let stale_before = now.saturating_sub(timing.stale_call).0;
             match stored_reason(row.finish_after.as_deref()) {
                 Some(reason) if !busy(tx, &tenant, &id, stale_before)? => {
-                    finish_now(tx, &tenant, &id, &row, reason, now).map(Some)
+                    finish_now(tx, &tenant, &id, &row, reason, now, timing).map(Some)
                 }
                 _ => Ok(None),
             }
@@ -580,7 +598,7 @@ impl Sessions for LocalSessions {
                 return Ok(Finish::Deferred);
             }
             let reason = stored_reason(row.finish_after.as_deref()).unwrap_or(reason);
-            finish_now(tx, &tenant, &id, &row, reason, now).map(Finish::Now)
+            finish_now(tx, &tenant, &id, &row, reason, now, timing).map(Finish::Now)
         })
         .await
     }
@@ -611,13 +629,67 @@ impl Sessions for LocalSessions {
                 if let Some(row) = live_row(tx, &tenant, &id)? {
                     let reason = stored_reason(row.finish_after.as_deref())
                         .unwrap_or(CompletionReason::IdleTimeout);
-                    finished.push(finish_now(tx, &tenant, &id, &row, reason, now)?);
+                    finished.push(finish_now(tx, &tenant, &id, &row, reason, now, timing)?);
                 }
             }
             // What repeats are answered from, kept as long as Redis keeps it.
             tx.prepare_cached("DELETE FROM finished WHERE at < ?1")?
                 .execute([now.saturating_sub(timing.retention()).0 as i64])?;
             Ok(finished)
+        })
+        .await
+    }
+
+    async fn overdue_completions(
+        &self,
+        tenant: &TenantId,
+        now: UnixMs,
+        timing: Timing,
+        limit: usize,
+    ) -> Result<Vec<Finishing>> {
+        let tenant = tenant.to_string();
+        self.transaction(move |tx| {
+            let overdue: Vec<(String, String, u32)> = {
+                let mut q = tx.prepare_cached(
+                    "SELECT id, reason, steps FROM completing
+                     WHERE tenant = ?1 AND due < ?2 ORDER BY due LIMIT ?3",
+                )?;
+                let rows = q.query_map(params![tenant, now.0 as i64, limit as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            let due = timing.completion_due(now).0 as i64;
+            let mut handed = Vec::with_capacity(overdue.len());
+            for (id, reason, steps) in overdue {
+                tx.prepare_cached("UPDATE completing SET due = ?3 WHERE tenant = ?1 AND id = ?2")?
+                    .execute(params![tenant, id, due])?;
+                handed.push(Finishing {
+                    trajectory: parse_stored("completing trajectory id", &id)?,
+                    reason: CompletionReason::parse(&reason)
+                        .unwrap_or(CompletionReason::IdleTimeout),
+                    steps,
+                });
+            }
+            Ok(handed)
+        })
+        .await
+    }
+
+    async fn completions_written(
+        &self,
+        tenant: &TenantId,
+        trajectories: &[TrajectoryId],
+    ) -> Result<()> {
+        let tenant = tenant.to_string();
+        let ids: Vec<String> = trajectories.iter().map(ToString::to_string).collect();
+        self.transaction(move |tx| {
+            let mut delete =
+                tx.prepare_cached("DELETE FROM completing WHERE tenant = ?1 AND id = ?2")?;
+            for id in &ids {
+                delete.execute([&tenant, id])?;
+            }
+            Ok(())
         })
         .await
     }
@@ -693,7 +765,8 @@ impl Sessions for LocalSessions {
 
     async fn live_tenants(&self) -> Result<Vec<TenantId>> {
         self.transaction(|tx| {
-            let mut q = tx.prepare_cached("SELECT DISTINCT tenant FROM live")?;
+            let mut q =
+                tx.prepare_cached("SELECT tenant FROM live UNION SELECT tenant FROM completing")?;
             let rows = q.query_map([], |r| r.get::<_, String>(0))?;
             rows.map(|t| TenantId::new(t?)).collect()
         })

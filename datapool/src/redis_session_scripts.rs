@@ -11,8 +11,10 @@
 //! `name`, `keys` = its stitching keys, `c:{step}` = a call in flight since ms); `name:{name}` →
 //! trajectory id; `stitch:{hash}` → `{trajectory}|{context_rebuilt}`, or `*{n}|…` when `n`
 //! trajectories hold it; `finished:{id}` → `{reason}|{steps}|{last step}` for a while after a
-//! trajectory was finished. Every key but the index expires after the retention time unless
-//! touched.
+//! trajectory was finished; `completing` zset (trajectory → when its completion is overdue, ms)
+//! and `completing:why` hash (trajectory → `{reason}|{steps}`): finished trajectories whose
+//! completion the finishing replica has not reported written yet. Every key but the two indexes
+//! and `completing:why` expires after the retention time unless touched.
 //!
 //! A caller whose connection broke after a script ran but before its reply arrived asks again:
 //! every script answers a repeat as it answered the first time (a step already numbered keeps
@@ -64,7 +66,7 @@ local function release_keys(id, h)
   end
   redis.call('HDEL', h, 'keys')
 end
-local function finish_now(id, h, reason, ttl)
+local function finish_now(id, h, reason, ttl, due)
   release_keys(id, h)
   local name = redis.call('HGET', h, 'name')
   if name then
@@ -77,6 +79,9 @@ local function finish_now(id, h, reason, ttl)
   redis.call('ZREM', LIVE, id)
   -- What a caller whose reply was lost finds when it asks again.
   redis.call('SET', P .. 'finished:' .. id, reason .. '|' .. steps .. '|' .. last, 'PX', ttl)
+  -- Taken over by another replica's sweep unless the finisher reports it written by `due`.
+  redis.call('ZADD', P .. 'completing', due, id)
+  redis.call('HSET', P .. 'completing:why', id, reason .. '|' .. steps)
   return {id, reason, steps}
 end
 local function finished(id)
@@ -154,7 +159,7 @@ return {open, 1, ambiguous, '0', '', '0', '', '', ''}
 });
 
 /// ARGV: prefix, trajectory, step, covered, now, stale_before, ttl, finish reason or "",
-/// answered 1/0, then the step's stitching keys `{hash}:{context_rebuilt}`.
+/// answered 1/0, completion due, then the step's stitching keys `{hash}:{context_rebuilt}`.
 /// Returns {index (-1: not live), finishing reason or "", steps}.
 pub(crate) static STEP_DONE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -177,7 +182,7 @@ if answered then redis.call('HSET', h, 'last', step, 'covered', ARGV[4]) end
 if ARGV[8] ~= '' then redis.call('HSETNX', h, 'after', ARGV[8]) end
 local after = redis.call('HGET', h, 'after')
 if after and not busy(h, stale_before) then
-  local f = finish_now(id, h, after, ttl)
+  local f = finish_now(id, h, after, ttl, ARGV[10])
   return {index, f[2], f[3]}
 end
 if not answered then
@@ -187,7 +192,7 @@ end
 -- The previous call's keys give way to this one's.
 release_keys(id, h)
 local held = {}
-for i = 10, #ARGV do
+for i = 11, #ARGV do
   local k, ctx = split(ARGV[i], ':')
   local sk = stitch_key(k)
   local v = redis.call('GET', sk)
@@ -212,7 +217,7 @@ return {index, '', 0}
     )
 });
 
-/// ARGV: prefix, trajectory, step, now, stale_before, ttl.
+/// ARGV: prefix, trajectory, step, now, stale_before, ttl, completion due.
 /// Returns {finishing reason or "", steps}.
 pub(crate) static CALL_ABANDONED: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -228,7 +233,7 @@ end
 touch(id, h, tonumber(ARGV[4]), ARGV[6])
 local after = redis.call('HGET', h, 'after')
 if after and not busy(h, tonumber(ARGV[5])) then
-  local f = finish_now(id, h, after, ARGV[6])
+  local f = finish_now(id, h, after, ARGV[6], ARGV[7])
   return {f[2], f[3]}
 end
 return {'', 0}
@@ -236,7 +241,7 @@ return {'', 0}
     )
 });
 
-/// ARGV: prefix, trajectory, reason, stale_before, ttl.
+/// ARGV: prefix, trajectory, reason, stale_before, ttl, completion due.
 /// Returns {0 not live / 1 deferred / 2 finished, reason, steps}: a trajectory finished a
 /// moment ago is reported finished again (its completion is written again, which changes
 /// nothing), so a caller that lost the first answer still writes it.
@@ -254,13 +259,13 @@ if busy(h, tonumber(ARGV[4])) then
   redis.call('HSETNX', h, 'after', ARGV[3])
   return {1, '', 0}
 end
-local f = finish_now(id, h, redis.call('HGET', h, 'after') or ARGV[3], ARGV[5])
+local f = finish_now(id, h, redis.call('HGET', h, 'after') or ARGV[3], ARGV[5], ARGV[6])
 return {2, f[2], f[3]}
 "#,
     )
 });
 
-/// ARGV: prefix, idle_before, stale_before, limit, ttl.
+/// ARGV: prefix, idle_before, stale_before, limit, ttl, completion due.
 /// Returns {{trajectory, reason, steps}, ...}.
 pub(crate) static FINISH_IDLE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -272,12 +277,46 @@ for _, id in ipairs(ids) do
   if redis.call('EXISTS', h) == 0 then
     -- Its state expired (the whole pool was down past the retention): finish it all the same.
     redis.call('ZREM', LIVE, id)
+    redis.call('ZADD', P .. 'completing', ARGV[6], id)
+    redis.call('HSET', P .. 'completing:why', id, 'idle_timeout|0')
     out[#out + 1] = {id, 'idle_timeout', 0}
   elseif not busy(h, tonumber(ARGV[3])) then
-    out[#out + 1] = finish_now(id, h, redis.call('HGET', h, 'after') or 'idle_timeout', ARGV[5])
+    out[#out + 1] = finish_now(id, h, redis.call('HGET', h, 'after') or 'idle_timeout', ARGV[5], ARGV[6])
   end
 end
 return out
+"#,
+    )
+});
+
+/// Hands the caller completions overdue at `now` (their finisher never reported them written),
+/// each due again a lease later. ARGV: prefix, now, limit, completion due.
+/// Returns {{trajectory, reason, steps}, ...}.
+pub(crate) static OVERDUE_COMPLETIONS: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local ids = redis.call('ZRANGEBYSCORE', P .. 'completing', '-inf', '(' .. ARGV[2], 'LIMIT', 0, ARGV[3])
+local out = {}
+for _, id in ipairs(ids) do
+  redis.call('ZADD', P .. 'completing', ARGV[4], id)
+  local why = redis.call('HGET', P .. 'completing:why', id) or 'idle_timeout|0'
+  local reason, steps = split(why, '|')
+  out[#out + 1] = {id, reason, tonumber(steps)}
+end
+return out
+"#,
+    )
+});
+
+/// Forgets completions their finisher has written. ARGV: prefix, then trajectory ids.
+pub(crate) static COMPLETIONS_WRITTEN: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+for i = 2, #ARGV do
+  redis.call('ZREM', P .. 'completing', ARGV[i])
+  redis.call('HDEL', P .. 'completing:why', ARGV[i])
+end
+return 0
 "#,
     )
 });

@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::ids::{StepId, TenantId, TrajectoryId, UnixMs};
 use crate::keys;
 use crate::redis_session_scripts::{
-    CALL_ABANDONED, FINISH, FINISH_IDLE, JOIN, SET_EVALUATION_ONLY, STEP_DONE,
+    CALL_ABANDONED, COMPLETIONS_WRITTEN, FINISH, FINISH_IDLE, JOIN, OVERDUE_COMPLETIONS,
+    SET_EVALUATION_ONLY, STEP_DONE,
 };
 use crate::redis_store::RedisStore;
 use crate::schema::CompletionReason;
@@ -120,7 +121,8 @@ impl Sessions for RedisStore {
                     .map(CompletionReason::as_str)
                     .unwrap_or_default(),
             )
-            .arg(if done.answered { "1" } else { "0" });
+            .arg(if done.answered { "1" } else { "0" })
+            .arg(timing.completion_due(done.now).0);
         for key in &done.keys {
             invocation.arg(format!(
                 "{}:{}",
@@ -156,6 +158,7 @@ impl Sessions for RedisStore {
             .arg(now.0)
             .arg(now.saturating_sub(timing.stale_call).0)
             .arg(millis(timing.retention()))
+            .arg(timing.completion_due(now).0)
             .invoke_async(&mut self.conn())
             .await?;
         match why.as_str() {
@@ -179,6 +182,7 @@ impl Sessions for RedisStore {
             .arg(reason.as_str())
             .arg(now.saturating_sub(timing.stale_call).0)
             .arg(millis(timing.retention()))
+            .arg(timing.completion_due(now).0)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(match outcome {
@@ -202,12 +206,51 @@ impl Sessions for RedisStore {
             .arg(now.saturating_sub(timing.stale_call).0)
             .arg(limit)
             .arg(millis(timing.retention()))
+            .arg(timing.completion_due(now).0)
             .invoke_async(&mut self.conn())
             .await?;
         finished
             .iter()
             .map(|(id, why, steps)| finishing(id, why, *steps))
             .collect()
+    }
+
+    async fn overdue_completions(
+        &self,
+        tenant: &TenantId,
+        now: UnixMs,
+        timing: Timing,
+        limit: usize,
+    ) -> Result<Vec<Finishing>> {
+        let overdue: Vec<(String, String, i64)> = OVERDUE_COMPLETIONS
+            .key(keys::live(tenant))
+            .arg(keys::tenant_prefix(tenant))
+            .arg(now.0)
+            .arg(limit)
+            .arg(timing.completion_due(now).0)
+            .invoke_async(&mut self.conn())
+            .await?;
+        overdue
+            .iter()
+            .map(|(id, why, steps)| finishing(id, why, *steps))
+            .collect()
+    }
+
+    async fn completions_written(
+        &self,
+        tenant: &TenantId,
+        trajectories: &[TrajectoryId],
+    ) -> Result<()> {
+        if trajectories.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = COMPLETIONS_WRITTEN.key(keys::live(tenant));
+        invocation.arg(keys::tenant_prefix(tenant));
+        for id in trajectories {
+            invocation.arg(id.to_string());
+        }
+        let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
+        Ok(())
     }
 
     async fn is_live(&self, tenant: &TenantId, trajectory: &TrajectoryId) -> Result<bool> {

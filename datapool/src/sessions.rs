@@ -136,7 +136,8 @@ pub struct StepSlot {
     pub finishing: Option<Finishing>,
 }
 
-/// A trajectory the caller finished and must now complete in the datapool, for `reason`.
+/// A trajectory the caller finished and must now complete in the datapool, for `reason`, and
+/// then report written ([`Sessions::completions_written`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Finishing {
     pub trajectory: TrajectoryId,
@@ -167,6 +168,11 @@ pub struct Timing {
     /// A call in flight for longer than this is taken for one whose replica died: it no longer
     /// holds its trajectory open.
     pub stale_call: Duration,
+    /// A finished trajectory whose completion its finisher has not reported written
+    /// ([`Sessions::completions_written`]) this long after is taken for one whose replica died
+    /// before it wrote it: the next sweep of any replica completes it
+    /// ([`Sessions::overdue_completions`]). Longer than trajectory plugins may take.
+    pub completion_lease: Duration,
 }
 
 impl Timing {
@@ -175,6 +181,11 @@ impl Timing {
     /// was down as a whole.
     pub fn retention(&self) -> Duration {
         self.idle * 2 + self.stale_call
+    }
+
+    /// When a completion finished at `now` is overdue, unless reported written.
+    pub fn completion_due(&self, now: UnixMs) -> UnixMs {
+        now.saturating_add(self.completion_lease)
     }
 }
 
@@ -222,6 +233,26 @@ pub trait Sessions: Send + Sync {
         timing: Timing,
         limit: usize,
     ) -> Result<Vec<Finishing>>;
+
+    /// Up to `limit` of `tenant`'s finished trajectories whose completion is overdue at `now`:
+    /// their finisher did not report it written within `timing.completion_lease` (it died
+    /// before the completion reached its journal). Each is handed to one caller, which writes
+    /// the completion and reports it; one still unreported a lease later is handed out again.
+    async fn overdue_completions(
+        &self,
+        tenant: &TenantId,
+        now: UnixMs,
+        timing: Timing,
+        limit: usize,
+    ) -> Result<Vec<Finishing>>;
+
+    /// The completions of `trajectories` are written where they survive the writer (its
+    /// journal): no replica need take them over.
+    async fn completions_written(
+        &self,
+        tenant: &TenantId,
+        trajectories: &[TrajectoryId],
+    ) -> Result<()>;
 
     /// Whether `trajectory` is live for `tenant`.
     async fn is_live(&self, tenant: &TenantId, trajectory: &TrajectoryId) -> Result<bool>;

@@ -477,6 +477,30 @@ impl Sessions for SpooledStore {
             .await
     }
 
+    async fn overdue_completions(
+        &self,
+        tenant: &TenantId,
+        now: UnixMs,
+        timing: Timing,
+        limit: usize,
+    ) -> Result<Vec<Finishing>> {
+        self.shared
+            .redis
+            .overdue_completions(tenant, now, timing, limit)
+            .await
+    }
+
+    async fn completions_written(
+        &self,
+        tenant: &TenantId,
+        trajectories: &[TrajectoryId],
+    ) -> Result<()> {
+        self.shared
+            .redis
+            .completions_written(tenant, trajectories)
+            .await
+    }
+
     async fn is_live(&self, tenant: &TenantId, trajectory: &TrajectoryId) -> Result<bool> {
         self.shared.redis.is_live(tenant, trajectory).await
     }

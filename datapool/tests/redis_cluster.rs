@@ -75,6 +75,11 @@ async fn the_store_works_on_a_three_master_cluster() {
         &tenants[5],
     )
     .await;
+    sessions::a_completion_nobody_wrote_is_taken_over_once(
+        std::sync::Arc::new(store.clone()),
+        &fresh_tenant("c-takeover"),
+    )
+    .await;
 
     // Each tenant's keys share one slot (so its scripts and pipelines stay on one master), and
     // the tenants are spread over more than one master.

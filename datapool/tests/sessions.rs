@@ -43,6 +43,8 @@ async fn every_scenario(sessions: Arc<dyn Sessions>, redis: bool) {
         &t,
     )
     .await;
+    let (t, _g) = tenant("takeover");
+    scenarios::a_completion_nobody_wrote_is_taken_over_once(Arc::clone(&sessions), &t).await;
     let (t, _g) = tenant("idle");
     scenarios::an_idle_trajectory_is_not_continued_by_stitching(s, &t).await;
     let ((a, _ga), (b, _gb)) = (tenant("tenant-a"), tenant("tenant-b"));

@@ -73,6 +73,7 @@ fn history(bytes: usize) -> Vec<Value> {
 const TIMING: Timing = Timing {
     idle: Duration::from_secs(600),
     stale_call: Duration::from_secs(3600),
+    completion_lease: Duration::from_secs(60),
 };
 
 /// One call of a session through `sessions`: join by its prefixes, then its step done with

@@ -166,6 +166,11 @@ pub struct Recording {
     /// its trajectory open. Longer than any call (prefill, generation, `orphan_drain`).
     #[serde(with = "humantime_serde")]
     pub stale_call: Duration,
+    /// A trajectory's completion not written this long after it finished is taken for one whose
+    /// replica died first: the next sweep of any replica writes it (with its trajectory plugins
+    /// run again). Longer than the trajectory plugins take.
+    #[serde(with = "humantime_serde")]
+    pub completion_lease: Duration,
     /// How long a call waits for the shared session state (Redis) before it goes on with this
     /// replica's own; 0: as long as it takes. Retried meanwhile, so a restarting Redis is
     /// ridden out ([`crate::session::shared`]).
@@ -337,6 +342,7 @@ impl Default for Config {
                 idle_timeout: Duration::from_secs(600),
                 group_timeout: Duration::from_secs(1800),
                 stale_call: Duration::from_secs(3600),
+                completion_lease: Duration::from_secs(60),
                 session_timeout: Duration::from_millis(500),
                 queue_capacity: 8192,
                 batch_max: 256,

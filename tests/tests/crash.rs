@@ -1,8 +1,9 @@
 //! Nothing an agent was served is lost when the sidecar is SIGKILLed: every call whose answer
 //! reached its agent whole is in the datapool once the killed sidecar is started again — also
 //! when Redis was stalled at the moment of the kill, with every step of those seconds still on
-//! its way. The sidecar is the real binary, killed with SIGKILL (no shutdown, no flush); the
-//! engine is the mock, streaming slowly enough that calls are always in flight.
+//! its way, and when a trajectory's completion was still waiting for its plugins. The sidecar is
+//! the real binary, killed with SIGKILL (no shutdown, no flush); the engine is the mock,
+//! streaming slowly enough that calls are always in flight.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use clawback_datapool::{RedisConfig, RedisStore, Store, TenantId, TrajectoryStatus};
 use clawback_tests::front_door::free_port;
+use clawback_tests::harness::repo_root;
 use clawback_tests::mock::{Behaviour, MockUpstream};
 use clawback_tests::process::SidecarProcess;
 use clawback_tests::redis_server::RedisServer;
@@ -284,4 +286,109 @@ async fn a_sidecar_killed_while_redis_stalls_loses_no_served_call() {
     );
     tokio::time::sleep(Duration::from_millis(2500)).await;
     after_the_load(load, replayed, &redis, &sidecar, Duration::from_secs(30)).await;
+}
+
+/// A trajectory finished while its plugins still evaluated it (so its completion was not in the
+/// journal yet) when the sidecar was killed: the restarted sidecar's sweep completes it once the
+/// completion lease ran out, rather than leaving it open forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_waiting_for_its_plugins_survives_a_kill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("redis")).expect("redis dir");
+    let redis = RedisServer::start_durable(&dir.path().join("redis"));
+    let engine = MockUpstream::start().await;
+    engine.stop_recording();
+    // A step plugin that spins until its deadline holds the completion back that long.
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins dir");
+    let spinner = repo_root().join("wasm-plugins/target/wasm32-wasip2/release/endless_loop.wasm");
+    std::fs::copy(&spinner, plugins.join("endless_loop.wasm")).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (scripts/test builds the plugins)",
+            spinner.display()
+        )
+    });
+    let data_dir = dir.path().join("sidecar");
+    std::fs::create_dir_all(&data_dir).expect("data dir");
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (filters_dir, redis_url) = (
+        format!("filters.dir={:?}", plugins.display().to_string()),
+        redis.url(),
+    );
+    let mut sidecar = SidecarProcess::start(
+        sidecar_binary(),
+        addr,
+        &data_dir,
+        &[
+            "--upstream",
+            &engine.url(),
+            "--redis",
+            &redis_url,
+            "--set",
+            &filters_dir,
+            "--set",
+            "filters.deadline=\"30s\"",
+            "--set",
+            "filters.call_timeout=\"30s\"",
+            "--set",
+            "recording.completion_lease=\"2s\"",
+            "--set",
+            "recording.idle_timeout=\"2s\"",
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let turn = |messages: serde_json::Value, done: bool| {
+        let request = http
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .header("x-clawback-session", "spun")
+            .json(&json!({"model": "mock-llama", "messages": messages}));
+        let request = if done {
+            request.header("x-clawback-done", "true")
+        } else {
+            request
+        };
+        async move {
+            let response = request.send().await.expect("call");
+            assert_eq!(response.status(), 200);
+            response.json::<serde_json::Value>().await.expect("answer")
+        }
+    };
+    let first = json!([{"role": "user", "content": "hello"}]);
+    let answer = turn(first.clone(), false).await;
+    let mut second = first.as_array().cloned().unwrap_or_default();
+    second.push(answer["choices"][0]["message"].clone());
+    second.push(json!({"role": "user", "content": "and now?"}));
+    // The second turn brings the first one's next state (the spinner starts on it) and ends the
+    // session: its completion waits for the spinner.
+    turn(json!(second), true).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sidecar.kill();
+    let store = RedisStore::connect(&RedisConfig::single(redis.url()))
+        .await
+        .expect("redis");
+    let tenant = TenantId::new("default").expect("tenant");
+    let status = || async {
+        let headers = store
+            .list_trajectories(&tenant, None, 10)
+            .await
+            .expect("trajectories");
+        assert_eq!(headers.len(), 1, "one session, one trajectory: {headers:?}");
+        headers[0].status
+    };
+    assert_eq!(
+        status().await,
+        TrajectoryStatus::Open,
+        "the completion was written before the kill: the test tested nothing"
+    );
+    sidecar.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status().await != TrajectoryStatus::Completed {
+        assert!(
+            Instant::now() < deadline,
+            "the trajectory was never completed\n{}",
+            sidecar.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -13,6 +13,7 @@ use clawback_datapool::{
 pub const TIMING: Timing = Timing {
     idle: Duration::from_secs(60),
     stale_call: Duration::from_secs(600),
+    completion_lease: Duration::from_secs(60),
 };
 
 fn t0() -> UnixMs {
@@ -624,4 +625,67 @@ pub async fn a_session_key_resolves_on_every_replica(
             .unwrap_or_else(|e| panic!("get: {e}")),
         None
     );
+}
+
+/// A finished trajectory's completion stays due until its finisher reports it written; one
+/// nobody reported (the finisher died before writing it) is handed to exactly one sweeping
+/// replica once its lease ran out, and again a lease later while still unreported.
+pub async fn a_completion_nobody_wrote_is_taken_over_once(
+    sessions: Arc<dyn Sessions>,
+    tenant: &TenantId,
+) {
+    let now = t0();
+    let mut finished = Vec::new();
+    for reason in [CompletionReason::Handshake, CompletionReason::DoneHeader] {
+        let (j, call) = join_as(tenant, Anchor::New, now);
+        let t = join(&*sessions, &j).await;
+        done(&*sessions, tenant, &t, call, &[key()], now).await;
+        let finish = sessions
+            .finish(tenant, &t.trajectory, reason, now, TIMING)
+            .await
+            .unwrap_or_else(|e| panic!("finish: {e}"));
+        assert!(matches!(finish, Finish::Now(_)), "{finish:?}");
+        finished.push(t.trajectory);
+    }
+    let (written, lost) = (finished[0], finished[1]);
+    sessions
+        .completions_written(tenant, &[written])
+        .await
+        .unwrap_or_else(|e| panic!("completions_written: {e}"));
+    let overdue = |at: UnixMs| {
+        let sessions = Arc::clone(&sessions);
+        let tenant = tenant.clone();
+        async move {
+            sessions
+                .overdue_completions(&tenant, at, TIMING, 100)
+                .await
+                .unwrap_or_else(|e| panic!("overdue_completions: {e}"))
+        }
+    };
+    let within = later(now, TIMING.completion_lease - Duration::from_secs(1));
+    assert!(overdue(within).await.is_empty(), "still within its lease");
+
+    let past = later(now, TIMING.completion_lease + Duration::from_secs(1));
+    let mut sweeps = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        sweeps.spawn(overdue(past));
+    }
+    let mut handed = Vec::new();
+    while let Some(result) = sweeps.join_next().await {
+        handed.extend(result.unwrap_or_else(|e| panic!("task: {e}")));
+    }
+    assert_eq!(handed.len(), 1, "one sweep takes it over: {handed:?}");
+    assert_eq!(handed[0].trajectory, lost);
+    assert_eq!(handed[0].reason, CompletionReason::DoneHeader);
+    assert_eq!(handed[0].steps, 1);
+
+    // The taker died too: a lease later it is handed out again, until someone reports it.
+    let again = later(past, TIMING.completion_lease + Duration::from_secs(1));
+    assert_eq!(overdue(again).await.len(), 1);
+    sessions
+        .completions_written(tenant, &[lost])
+        .await
+        .unwrap_or_else(|e| panic!("completions_written: {e}"));
+    let much_later = later(again, TIMING.completion_lease * 10);
+    assert!(overdue(much_later).await.is_empty());
 }

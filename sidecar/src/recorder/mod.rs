@@ -11,8 +11,11 @@
 //! continues any session, a completion is written by exactly one of them, and the idle sweep of
 //! every replica finishes each idle trajectory once. Writes go to the [`journal`] and from there
 //! to the datapool through the [`writer`]; nothing waits on the datapool, and nothing a served
-//! call wrote is lost when the process is killed.
+//! call wrote is lost when the process is killed. A completion that waits for the trajectory
+//! plugins is not in the journal yet: the session state holds it as due until it is
+//! ([`completions`]), and a sweep of any replica writes it once overdue.
 
+pub mod completions;
 pub mod journal;
 pub mod redact;
 pub mod request;
@@ -166,7 +169,7 @@ pub enum StartError {
 
 pub struct Recorder {
     config: Recording,
-    sessions: SessionState,
+    sessions: Arc<SessionState>,
     sink: Sink,
     redactor: Redactor,
     metrics: Arc<Metrics>,
@@ -217,12 +220,21 @@ impl Recorder {
         let timing = clawback_datapool::Timing {
             idle: config.idle_timeout,
             stale_call: config.stale_call,
+            completion_lease: config.completion_lease,
         };
         // A SQLite file has no network to wait out: its operations run to their end.
         let timeout = (remote_sessions && !config.session_timeout.is_zero())
             .then_some(config.session_timeout);
         let local = clawback_datapool::LocalSessions::open(data_dir.join(FALLBACK_SESSIONS))?;
-        let sessions = SessionState::new(sessions, local, timing, timeout, Arc::clone(&metrics));
+        let sessions = Arc::new(SessionState::new(
+            sessions,
+            local,
+            timing,
+            timeout,
+            Arc::clone(&metrics),
+        ));
+        let (reports, reported) = mpsc::unbounded_channel();
+        tokio::spawn(completions::report(Arc::clone(&sessions), reported));
         let config_responses_max_bytes = config.responses_max_bytes;
         let recorder = Arc::new(Self {
             sink: Sink {
@@ -231,6 +243,7 @@ impl Recorder {
                 spilled,
                 metrics: Arc::clone(&metrics),
                 errors: Arc::new(throttle::LogThrottle::new(Duration::from_secs(5))),
+                completions: reports,
             },
             redactor: Redactor::new(&config.redact)?,
             config,
@@ -739,7 +752,16 @@ impl Recorder {
         let tenants = self.tenants().await;
         let cutoff = UnixMs::now().saturating_sub(self.config.group_timeout);
         for tenant in tenants {
-            let finished = self.sessions.finish_idle(&tenant, SWEEP_LIMIT).await;
+            let mut finished = self.sessions.finish_idle(&tenant, SWEEP_LIMIT).await;
+            let overdue = self
+                .sessions
+                .overdue_completions(&tenant, SWEEP_LIMIT)
+                .await;
+            if !overdue.is_empty() {
+                tracing::warn!(tenant = %tenant.as_str(), trajectories = overdue.len(),
+                    "completions their replica never wrote (it died first): written now");
+            }
+            finished.extend(overdue);
             let ops: Vec<WriteOp> = finished
                 .into_iter()
                 .filter_map(|finishing| self.completion(&tenant, finishing))

@@ -1,6 +1,7 @@
 //! Where the recorder puts a record: the journal first (so it survives the process), then the
 //! writer's queue (so the writer need not read it back). Never waits: a full queue leaves the
-//! record to the journal alone, and the writer is told to read it from there.
+//! record to the journal alone, and the writer is told to read it from there. The completions of
+//! a journaled record are reported written ([`super::completions`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,6 +9,7 @@ use std::time::Instant;
 use clawback_datapool::WriteOp;
 use tokio::sync::{mpsc, Notify};
 
+use super::completions::{self, Reports};
 use super::journal::{Journal, Position};
 use super::throttle::LogThrottle;
 use super::writer::{count, Message};
@@ -24,6 +26,7 @@ pub struct Sink {
     pub spilled: Arc<Notify>,
     pub metrics: Arc<Metrics>,
     pub errors: Arc<LogThrottle>,
+    pub completions: Reports,
 }
 
 impl Sink {
@@ -38,6 +41,10 @@ impl Sink {
                 self.metrics
                     .journal_append
                     .observe(started.elapsed().as_secs_f64());
+                for written in completions::completed(&ops) {
+                    // Gone only at shutdown: the completion is then due again, harmlessly.
+                    let _ = self.completions.send(written);
+                }
                 at
             }
             Err(e) => {

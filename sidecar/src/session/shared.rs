@@ -273,6 +273,41 @@ impl SessionState {
         finished
     }
 
+    /// Completions of `tenant` overdue in either state (their replica died before it wrote
+    /// them), handed to this sweep to write.
+    pub async fn overdue_completions(&self, tenant: &TenantId, limit: usize) -> Vec<Finishing> {
+        let (now, timing) = (UnixMs::now(), self.timing);
+        let mut overdue = self
+            .on_shared("overdue_completions", |s| {
+                let tenant = tenant.clone();
+                async move { s.overdue_completions(&tenant, now, timing, limit).await }
+            })
+            .await
+            .unwrap_or_default();
+        match self
+            .local
+            .overdue_completions(tenant, now, timing, limit)
+            .await
+        {
+            Ok(local) => overdue.extend(local),
+            Err(e) => tracing::error!(error = %e, "the local session state failed"),
+        }
+        overdue
+    }
+
+    /// Reports completions journaled, in whichever state finished them. One left unreported
+    /// (the shared state was away) is written again once overdue, which changes nothing.
+    pub async fn completions_written(&self, tenant: &TenantId, trajectories: &[TrajectoryId]) {
+        if let Err(e) = self.local.completions_written(tenant, trajectories).await {
+            tracing::error!(error = %e, "the local session state failed");
+        }
+        self.on_shared("completions_written", |s| {
+            let (tenant, trajectories) = (tenant.clone(), trajectories.to_vec());
+            async move { s.completions_written(&tenant, &trajectories).await }
+        })
+        .await;
+    }
+
     /// Whether `trajectory` is live in either state.
     pub async fn is_live(
         &self,

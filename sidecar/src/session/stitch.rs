@@ -177,6 +177,7 @@ mod tests {
     const TIMING: Timing = Timing {
         idle: Duration::from_secs(60),
         stale_call: Duration::from_secs(600),
+        completion_lease: Duration::from_secs(60),
     };
 
     /// Stitching as the recorder drives it — this module's keys over the session state a
