@@ -566,6 +566,10 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
                 // this long (an hour by default).
                 "--set",
                 "recording.stale_call=\"15s\"",
+                // A completion a killed replica never wrote is taken over this soon (a minute
+                // by default).
+                "--set",
+                "recording.completion_lease=\"10s\"",
                 "--set",
                 "timeouts.upstream_connect=\"1s\"",
             ],
