@@ -21,6 +21,8 @@
 //! `content: null` where its stream sent `""`; an empty reply without tool calls (an immediate
 //! EOS) is `""`, as vLLM returns it. Empty reasoning is absent.
 
+mod typed;
+
 use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};

@@ -366,15 +366,17 @@ fn finish_as_sent(
         Mode::Body(_) if truncated => None,
         Mode::Body(body) => {
             let body = body.freeze();
-            let rewritten = match serde_json::from_slice::<Value>(&body) {
-                Ok(json) => {
-                    assembler.on_body(&json);
-                    match strip::strip(&body, injected) {
-                        Stripped::Rewritten(bytes) => Some(Bytes::from(bytes)),
-                        Stripped::Unchanged | Stripped::Dropped => None,
+            let read = assembler.on_chat_bytes(&body, true)
+                || match serde_json::from_slice::<Value>(&body) {
+                    Ok(json) => {
+                        assembler.on_body(&json);
+                        true
                     }
-                }
-                Err(_) => None,
+                    Err(_) => false,
+                };
+            let rewritten = match read.then(|| strip::strip(&body, injected)) {
+                Some(Stripped::Rewritten(bytes)) => Some(Bytes::from(bytes)),
+                _ => None,
             };
             match rewritten {
                 Some(bytes) => Some(bytes),
@@ -440,8 +442,10 @@ fn on_event(assembler: Option<&mut Assembler>, injected: &Injected, event: &SseE
         return Stripped::Unchanged;
     }
     if let Some(assembler) = assembler {
-        if let Ok(json) = serde_json::from_slice::<Value>(data) {
-            assembler.on_event(event.event.as_deref(), &json);
+        if !assembler.on_chat_bytes(data, false) {
+            if let Ok(json) = serde_json::from_slice::<Value>(data) {
+                assembler.on_event(event.event.as_deref(), &json);
+            }
         }
     }
     match strip::strip(data, injected) {
