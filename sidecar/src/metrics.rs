@@ -151,6 +151,7 @@ pub struct Metrics {
     pub records_dropped: Family<ReasonLabels, Counter>,
     pub records_spilled: Counter,
     pub records_replayed: Counter,
+    pub completions_taken_over: Counter,
     pub recorder_queue: Gauge,
     pub journal_append: Histogram,
     pub end_of_response_wait: Histogram,
@@ -272,6 +273,12 @@ impl Metrics {
             "Recorder writes the writer's queue had no room for: only in the journal, read back from it (none lost)",
             records_spilled.clone(),
         );
+        let completions_taken_over = Counter::default();
+        registry.register(
+            "completions_taken_over",
+            "Completions this replica wrote for trajectories another process had finished and died before writing (recording.completion_lease)",
+            completions_taken_over.clone(),
+        );
         let records_replayed = Counter::default();
         registry.register(
             "records_replayed",
@@ -379,6 +386,7 @@ impl Metrics {
             records_dropped,
             records_spilled,
             records_replayed,
+            completions_taken_over,
             journal_append,
             end_of_response_wait,
             session_state,

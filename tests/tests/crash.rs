@@ -391,4 +391,8 @@ async fn a_completion_waiting_for_its_plugins_survives_a_kill() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert_eq!(
+        metric(&sidecar, "clawback_completions_taken_over_total").await,
+        1.0
+    );
 }

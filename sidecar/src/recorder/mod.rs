@@ -758,6 +758,9 @@ impl Recorder {
                 .overdue_completions(&tenant, SWEEP_LIMIT)
                 .await;
             if !overdue.is_empty() {
+                self.metrics
+                    .completions_taken_over
+                    .inc_by(overdue.len() as u64);
                 tracing::warn!(tenant = %tenant.as_str(), trajectories = overdue.len(),
                     "completions their replica never wrote (it died first): written now");
             }
