@@ -197,7 +197,7 @@ fn the_loop_trains_from_a_local_store_checkpoints_in_peft_format_and_acks() {
     // The filter errors were ignored and counted; the hints could not be distilled without a
     // tokenizer in the model folder, and say so.
     assert_eq!(last["dropped"]["filter_errors"], 8);
-    assert_eq!(last["dropped"]["hints_unused"], 3);
+    assert_eq!(last["dropped"]["hints_no_tokenizer"], 3);
 }
 
 #[test]
@@ -415,9 +415,22 @@ fn text_only_steps_are_re_tokenised_and_hints_distilled_with_the_models_tokenize
     let last = &lines[lines.len() - 1];
     assert_eq!(last["samples_stats"]["text_only"], 2, "{last}");
     assert_eq!(last["dropped"]["text_only_skipped"], 0, "{last}");
-    assert_eq!(last["dropped"]["hints_unused"], 0, "{last}");
+    for reason in ["hints_opd_off", "hints_no_tokenizer", "hints_unrenderable"] {
+        assert_eq!(last["dropped"][reason], 0, "{last}");
+    }
     // Two engine samples and two re-tokenised ones.
     assert_eq!(last["samples"], 4, "{last}");
+    // Every span has the thumb's reward; the first turn of each trajectory its hint too, and
+    // the teacher scored its tokens.
+    assert_eq!(last["signal"]["spans"], 4, "{last}");
+    assert_eq!(last["signal"]["rewarded"], 4, "{last}");
+    assert_eq!(last["signal"]["hinted"], 2, "{last}");
+    assert_eq!(last["signal"]["both"], 2, "{last}");
+    assert!(last["opd"]["tokens"].as_u64().unwrap_or(0) > 0, "{last}");
+    assert!(
+        last["opd"]["std"].as_f64().is_some_and(f64::is_finite),
+        "{last}"
+    );
     let mut applied: Vec<StepId> = checkpoints(&dir.path().join("checkpoints"), &tenant)
         .iter()
         .flat_map(|(_, s)| s.applied_steps.iter().copied())

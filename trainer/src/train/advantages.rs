@@ -58,8 +58,14 @@ pub struct Dropped {
     pub invalid_rewards: u64,
     /// Text-only steps skipped: no tokenizer/template in the model folder, or rendering failed.
     pub text_only_skipped: u64,
-    /// Hints not distilled: OPD is off, no tokenizer, or no user message to append to.
-    pub hints_unused: u64,
+    /// Hints not distilled because distillation is off (`loss.opd_weight = 0`).
+    pub hints_opd_off: u64,
+    /// Hints not distilled because the model folder has no tokenizer or chat template to
+    /// render the teacher's prompt with.
+    pub hints_no_tokenizer: u64,
+    /// Hints whose teacher prompt could not be rendered (no user message to append the hint
+    /// to, or the template failed).
+    pub hints_unrenderable: u64,
     /// Samples longer than `batch.max_seq_len`.
     pub too_long: u64,
     /// Samples with a token id the model's vocabulary does not have (recorded by another model?).
@@ -185,13 +191,14 @@ pub fn score_delivery(
                 .map(|span| {
                     let hint = rw.step_hint(&span.step)?;
                     let prompt = match (options.distill, options.text, steps.get(&span.step)) {
-                        (true, Some(text), Some(step)) => text.hinted_prompt_ids(step, hint).ok(),
-                        _ => None,
+                        (false, _, _) => Err(&mut dropped.hints_opd_off),
+                        (true, None, _) => Err(&mut dropped.hints_no_tokenizer),
+                        (true, Some(text), Some(step)) => text
+                            .hinted_prompt_ids(step, hint)
+                            .map_err(|_| &mut dropped.hints_unrenderable),
+                        (true, Some(_), None) => Err(&mut dropped.hints_unrenderable),
                     };
-                    if prompt.is_none() {
-                        dropped.hints_unused += 1;
-                    }
-                    prompt
+                    prompt.map_err(|counter| *counter += 1).ok()
                 })
                 .collect();
             let scored = Scored {
@@ -341,13 +348,14 @@ mod tests {
     }
 
     #[test]
-    fn the_schema_examples_hint_is_counted_unused_without_a_tokenizer() {
+    fn the_schema_examples_hint_is_counted_as_dropped_without_a_tokenizer() {
         let tenant = TenantId::new("acme").unwrap_or_else(|e| panic!("{e}"));
         let (out, dropped) = score(&[tool_use_trajectory(tenant)], false);
         assert_eq!(out.len(), 1);
         // Step 0 has its plugin's 1.0, step 1 the thumbs-up outcome.
         assert_eq!(out[0].advantages, vec![Some(1.0), Some(1.0)]);
         assert_eq!(out[0].teacher_prompts, vec![None, None]);
-        assert_eq!(dropped.hints_unused, 1);
+        assert_eq!(dropped.hints_no_tokenizer, 1);
+        assert_eq!(dropped.hints_opd_off + dropped.hints_unrenderable, 0);
     }
 }

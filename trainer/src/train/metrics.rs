@@ -41,6 +41,11 @@ pub struct StepReport {
     pub reward_mean: Option<f64>,
     pub advantage_mean: f64,
     pub advantage_std: f64,
+    /// What the step's generated spans (one per recorded step) had to learn from.
+    pub signal: Signal,
+    /// The hint-distillation advantage `log π_teacher − log π_behaviour` over the step's
+    /// distilled tokens, before `loss.opd_weight`; `None` when no span was distilled.
+    pub opd: Option<OpdAdvantage>,
     pub samples: usize,
     pub micro_batches: usize,
     /// Tokens under the loss.
@@ -62,6 +67,32 @@ pub struct StepReport {
     /// The recorded steps this optimizer step trained on (their ids, from the datapool): an
     /// audit trail that no step is trained twice, across restarts too (the JSONL log only).
     pub trained_steps: Vec<clawback_datapool::StepId>,
+}
+
+/// The learning signal of one optimizer step's spans: how many carried a reward (an RL
+/// advantage), a hint turned into a teacher prompt, or both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signal {
+    pub spans: u64,
+    pub rewarded: u64,
+    pub hinted: u64,
+    pub both: u64,
+}
+
+impl Signal {
+    /// Shares of the spans with a reward, with a hint, with both.
+    pub fn shares(&self) -> (f64, f64, f64) {
+        let of = |n: u64| n as f64 / self.spans.max(1) as f64;
+        (of(self.rewarded), of(self.hinted), of(self.both))
+    }
+}
+
+/// Mean and spread of the hint-distillation advantage over the tokens it applied to.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OpdAdvantage {
+    pub tokens: u64,
+    pub mean: f64,
+    pub std: f64,
 }
 
 /// Train/inference agreement over one step: on generated tokens whose behaviour log-prob was
@@ -96,9 +127,14 @@ impl StepReport {
                 a.tokens
             )
         });
+        let (rewarded, hinted, both) = self.signal.shares();
+        let opd = self.opd.map_or_else(String::new, |o| {
+            format!(" opd adv {:.3}±{:.3} over {}", o.mean, o.std, o.tokens)
+        });
         format!(
             "[{}] step {} lr {:.2e} loss {:.4} reward {} adv {:.3}±{:.3} clip {:.3} kl {:.4} \
-             entropy {:.3} |g| {:.3} samples {} tokens {} ({:.0} tok/s){agreement}",
+             entropy {:.3} |g| {:.3} samples {} tokens {} ({:.0} tok/s) spans with reward \
+             {:.0}% hint {:.0}% both {:.0}%{opd}{agreement}",
             self.tenant,
             self.step,
             self.lr,
@@ -113,6 +149,9 @@ impl StepReport {
             self.samples,
             self.tokens,
             self.tokens_per_second,
+            rewarded * 100.0,
+            hinted * 100.0,
+            both * 100.0,
         )
     }
 }
@@ -201,6 +240,11 @@ struct Prom {
     agreement_max: Family<TenantLabels, GaugeF>,
     ratio_std: Family<TenantLabels, GaugeF>,
     outside_support: Family<TenantLabels, Counter>,
+    rewarded_share: Family<TenantLabels, GaugeF>,
+    hinted_share: Family<TenantLabels, GaugeF>,
+    both_share: Family<TenantLabels, GaugeF>,
+    opd_mean: Family<TenantLabels, GaugeF>,
+    opd_std: Family<TenantLabels, GaugeF>,
     dropped: Family<DroppedLabels, Counter>,
     published: Family<TenantLabels, Counter>,
     publish_failures: Family<TenantLabels, Counter>,
@@ -230,6 +274,11 @@ impl Prom {
             agreement_max: Family::default(),
             ratio_std: Family::default(),
             outside_support: Family::default(),
+            rewarded_share: Family::default(),
+            hinted_share: Family::default(),
+            both_share: Family::default(),
+            opd_mean: Family::default(),
+            opd_std: Family::default(),
             dropped: Family::default(),
             published: Family::default(),
             publish_failures: Family::default(),
@@ -295,6 +344,31 @@ impl Prom {
             "outside_support",
             "Generated tokens the current policy's top-k/top-p/min-p no longer keeps (left out of the loss)",
             p.outside_support.clone(),
+        );
+        registry.register(
+            "spans_with_reward_share",
+            "Share of the last step's generated spans with a reward",
+            p.rewarded_share.clone(),
+        );
+        registry.register(
+            "spans_with_hint_share",
+            "Share of the last step's generated spans with a hint distilled",
+            p.hinted_share.clone(),
+        );
+        registry.register(
+            "spans_with_both_share",
+            "Share of the last step's generated spans with a reward and a hint",
+            p.both_share.clone(),
+        );
+        registry.register(
+            "opd_advantage_mean",
+            "Mean hint-distillation advantage (teacher - behaviour log-prob) of the last step that distilled",
+            p.opd_mean.clone(),
+        );
+        registry.register(
+            "opd_advantage_std",
+            "Spread of that advantage",
+            p.opd_std.clone(),
         );
         registry.register(
             "dropped",
@@ -383,6 +457,14 @@ impl Prom {
         self.outside_support
             .get_or_create(&l)
             .inc_by(r.outside_support);
+        let (rewarded, hinted, both) = r.signal.shares();
+        self.rewarded_share.get_or_create(&l).set(rewarded);
+        self.hinted_share.get_or_create(&l).set(hinted);
+        self.both_share.get_or_create(&l).set(both);
+        if let Some(opd) = r.opd {
+            self.opd_mean.get_or_create(&l).set(opd.mean);
+            self.opd_std.get_or_create(&l).set(opd.std);
+        }
         for (reason, total) in dropped_totals(&r.samples_stats, &r.dropped) {
             let key = (l.tenant.clone(), reason);
             let before = self.dropped_seen.insert(key, total).unwrap_or(0);
@@ -404,7 +486,7 @@ impl Prom {
 }
 
 /// Every reason a step or sample was left out, with its total.
-pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 19] {
+pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 21] {
     [
         ("stale", s.stale_dropped),
         ("duplicate", s.duplicate_dropped),
@@ -420,7 +502,9 @@ pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 19]
         ("filter_errors", d.filter_errors),
         ("invalid_rewards", d.invalid_rewards),
         ("text_only_skipped", d.text_only_skipped),
-        ("hints_unused", d.hints_unused),
+        ("hints_opd_off", d.hints_opd_off),
+        ("hints_no_tokenizer", d.hints_no_tokenizer),
+        ("hints_unrenderable", d.hints_unrenderable),
         ("too_long", d.too_long),
         ("out_of_vocab", d.out_of_vocab),
         ("missing", d.missing),
@@ -650,6 +734,17 @@ mod tests {
             reward_mean: Some(0.5),
             advantage_mean: 0.0,
             advantage_std: 1.0,
+            signal: Signal {
+                spans: 8,
+                rewarded: 6,
+                hinted: 4,
+                both: 2,
+            },
+            opd: Some(OpdAdvantage {
+                tokens: 40,
+                mean: 0.25,
+                std: 0.5,
+            }),
             samples: 8,
             micro_batches: 2,
             loss_tokens: 100,
@@ -731,6 +826,14 @@ mod tests {
             page.contains("clawback_trainer_outside_support_total{tenant=\"acme\"} 4"),
             "{page}"
         );
+        assert!(
+            page.contains("clawback_trainer_spans_with_hint_share{tenant=\"acme\"} 0.5"),
+            "{page}"
+        );
+        assert!(
+            page.contains("clawback_trainer_opd_advantage_mean{tenant=\"acme\"} 0.25"),
+            "{page}"
+        );
         assert!(get(addr, "/").starts_with("HTTP/1.1 404"));
 
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
@@ -744,6 +847,15 @@ mod tests {
         assert_eq!(lines[1]["agreement"]["mean_abs_logprob_diff"], 0.004);
         assert!(report().line().contains("|Δlogp| 0.0040 (max 0.0300)"));
         assert!(report().line().contains("[acme] step 3"));
+        assert!(
+            report()
+                .line()
+                .contains("spans with reward 75% hint 50% both 25% opd adv 0.250±0.500 over 40"),
+            "{}",
+            report().line()
+        );
+        assert_eq!(lines[1]["signal"]["both"], 2);
+        assert_eq!(lines[1]["opd"]["tokens"], 40);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -30,7 +30,7 @@ use crate::train::batch::{plan, MicroBatch};
 use crate::train::checkpoint::{CheckpointState, TenantCheckpoints};
 use crate::train::config::TrainConfig;
 use crate::train::error::TrainError;
-use crate::train::metrics::{Agreement, CheckpointReport, StepReport};
+use crate::train::metrics::{Agreement, CheckpointReport, OpdAdvantage, Signal, StepReport};
 use crate::train::text::TextCodec;
 
 /// The scored samples of one delivery, waiting for an optimizer step.
@@ -276,6 +276,25 @@ impl TenantTrainer {
         let tokens: usize = batches.iter().map(|b| b.real_tokens).sum();
         let adv_mean = acc.adv_sum / acc.adv_count.max(1.0);
         let adv_var = (acc.adv_sq_sum / acc.adv_count.max(1.0) - adv_mean * adv_mean).max(0.0);
+        let opd = (acc.opd_count > 0.0).then(|| {
+            let mean = acc.opd_sum / acc.opd_count;
+            let var = (acc.opd_sq_sum / acc.opd_count - mean * mean).max(0.0);
+            OpdAdvantage {
+                tokens: acc.opd_count as u64,
+                mean,
+                std: var.sqrt(),
+            }
+        });
+        let mut signal = Signal::default();
+        for item in items {
+            for (advantage, teacher) in item.advantages.iter().zip(&item.teacher_prompts) {
+                let (rewarded, hinted) = (advantage.is_some(), teacher.is_some());
+                signal.spans += 1;
+                signal.rewarded += u64::from(rewarded);
+                signal.hinted += u64::from(hinted);
+                signal.both += u64::from(rewarded && hinted);
+            }
+        }
         Ok(Some(StepReport {
             tenant: self.tenant.clone(),
             step: self.optimizer.steps(),
@@ -290,6 +309,8 @@ impl TenantTrainer {
                 .then(|| rewards.iter().sum::<f64>() / rewards.len() as f64),
             advantage_mean: adv_mean,
             advantage_std: adv_var.sqrt(),
+            signal,
+            opd,
             samples: items.len(),
             micro_batches: batches.len(),
             loss_tokens: total,
@@ -340,6 +361,15 @@ impl TenantTrainer {
             advantages: a,
             mask: &mb.opd_mask,
         });
+        if let Some(opd) = &opd {
+            tch::no_grad(|| {
+                let mask = opd.mask * &mb.loss_mask * &in_support;
+                let a = opd.advantages * &mask;
+                acc.opd_sum += a.sum(Kind::Double).double_value(&[]);
+                acc.opd_sq_sum += (&a * &a).sum(Kind::Double).double_value(&[]);
+                acc.opd_count += mask.sum(Kind::Double).double_value(&[]);
+            });
+        }
         let Some((advantages, mask)) = combined_advantages(Some(rl), opd, weights) else {
             return Ok(());
         };
@@ -449,6 +479,10 @@ struct Accumulated {
     adv_sum: f64,
     adv_sq_sum: f64,
     adv_count: f64,
+    /// The hint-distillation advantage over the tokens it applied to.
+    opd_sum: f64,
+    opd_sq_sum: f64,
+    opd_count: f64,
     /// Train/inference agreement over recorded tokens served by the weights trained now.
     agree_tokens: f64,
     agree_abs_sum: f64,
