@@ -37,6 +37,13 @@ fn finishing(id: &str, why: &str, steps: i64) -> Result<Finishing> {
     })
 }
 
+/// The `{trajectory, reason, steps}` rows a sweep script answers.
+fn finishings(rows: &[(String, String, i64)]) -> Result<Vec<Finishing>> {
+    rows.iter()
+        .map(|(id, why, steps)| finishing(id, why, *steps))
+        .collect()
+}
+
 fn number(what: &'static str, s: &str) -> Result<u32> {
     parse_stored(what, s)
 }
@@ -209,10 +216,7 @@ impl Sessions for RedisStore {
             .arg(timing.completion_due(now).0)
             .invoke_async(&mut self.conn())
             .await?;
-        finished
-            .iter()
-            .map(|(id, why, steps)| finishing(id, why, *steps))
-            .collect()
+        finishings(&finished)
     }
 
     async fn overdue_completions(
@@ -230,10 +234,7 @@ impl Sessions for RedisStore {
             .arg(timing.completion_due(now).0)
             .invoke_async(&mut self.conn())
             .await?;
-        overdue
-            .iter()
-            .map(|(id, why, steps)| finishing(id, why, *steps))
-            .collect()
+        finishings(&overdue)
     }
 
     async fn completions_written(

@@ -214,6 +214,12 @@ async fn after_the_load(
 }
 
 async fn setup(dir: &Path) -> (RedisServer, MockUpstream, SidecarProcess) {
+    setup_with(dir, &["--set", "recording.queue_capacity=64"]).await
+}
+
+/// A durable Redis, the mock engine streaming a chunk every 3 ms, and the sidecar binary
+/// recording into that Redis, started with `args` besides.
+async fn setup_with(dir: &Path, args: &[&str]) -> (RedisServer, MockUpstream, SidecarProcess) {
     std::fs::create_dir_all(dir.join("redis")).expect("redis dir");
     let redis = RedisServer::start_durable(&dir.join("redis"));
     let engine = MockUpstream::start().await;
@@ -225,20 +231,10 @@ async fn setup(dir: &Path) -> (RedisServer, MockUpstream, SidecarProcess) {
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let data_dir = dir.join("sidecar");
     std::fs::create_dir_all(&data_dir).expect("data dir");
-    let sidecar = SidecarProcess::start(
-        sidecar_binary(),
-        addr,
-        &data_dir,
-        &[
-            "--upstream",
-            &engine.url(),
-            "--redis",
-            &redis.url(),
-            "--set",
-            "recording.queue_capacity=64",
-        ],
-    )
-    .await;
+    let (engine_url, redis_url) = (engine.url(), redis.url());
+    let mut all = vec!["--upstream", &engine_url, "--redis", &redis_url];
+    all.extend_from_slice(args);
+    let sidecar = SidecarProcess::start(sidecar_binary(), addr, &data_dir, &all).await;
     (redis, engine, sidecar)
 }
 
@@ -294,10 +290,6 @@ async fn a_sidecar_killed_while_redis_stalls_loses_no_served_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_waiting_for_its_plugins_survives_a_kill() {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("redis")).expect("redis dir");
-    let redis = RedisServer::start_durable(&dir.path().join("redis"));
-    let engine = MockUpstream::start().await;
-    engine.stop_recording();
     // A step plugin that spins until its deadline holds the completion back that long.
     let plugins = dir.path().join("plugins");
     std::fs::create_dir_all(&plugins).expect("plugins dir");
@@ -308,22 +300,10 @@ async fn a_completion_waiting_for_its_plugins_survives_a_kill() {
             spinner.display()
         )
     });
-    let data_dir = dir.path().join("sidecar");
-    std::fs::create_dir_all(&data_dir).expect("data dir");
-    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let (filters_dir, redis_url) = (
-        format!("filters.dir={:?}", plugins.display().to_string()),
-        redis.url(),
-    );
-    let mut sidecar = SidecarProcess::start(
-        sidecar_binary(),
-        addr,
-        &data_dir,
+    let filters_dir = format!("filters.dir={:?}", plugins.display().to_string());
+    let (redis, _engine, mut sidecar) = setup_with(
+        dir.path(),
         &[
-            "--upstream",
-            &engine.url(),
-            "--redis",
-            &redis_url,
             "--set",
             &filters_dir,
             "--set",
@@ -337,6 +317,7 @@ async fn a_completion_waiting_for_its_plugins_survives_a_kill() {
         ],
     )
     .await;
+    let addr = sidecar.addr;
     let http = reqwest::Client::new();
     let turn = |messages: serde_json::Value, done: bool| {
         let request = http
