@@ -274,16 +274,11 @@ impl TenantTrainer {
         let seconds = started.elapsed().as_secs_f64();
         let rewards: Vec<f64> = items.iter().filter_map(|s| s.reward).collect();
         let tokens: usize = batches.iter().map(|b| b.real_tokens).sum();
-        let adv_mean = acc.adv_sum / acc.adv_count.max(1.0);
-        let adv_var = (acc.adv_sq_sum / acc.adv_count.max(1.0) - adv_mean * adv_mean).max(0.0);
-        let opd = (acc.opd_count > 0.0).then(|| {
-            let mean = acc.opd_sum / acc.opd_count;
-            let var = (acc.opd_sq_sum / acc.opd_count - mean * mean).max(0.0);
-            OpdAdvantage {
-                tokens: acc.opd_count as u64,
-                mean,
-                std: var.sqrt(),
-            }
+        let (adv_mean, adv_std) = acc.advantage.mean_std().unwrap_or((0.0, 0.0));
+        let opd = acc.opd.mean_std().map(|(mean, std)| OpdAdvantage {
+            tokens: acc.opd.count as u64,
+            mean,
+            std,
         });
         let mut signal = Signal::default();
         for item in items {
@@ -308,7 +303,7 @@ impl TenantTrainer {
             reward_mean: (!rewards.is_empty())
                 .then(|| rewards.iter().sum::<f64>() / rewards.len() as f64),
             advantage_mean: adv_mean,
-            advantage_std: adv_var.sqrt(),
+            advantage_std: adv_std,
             signal,
             opd,
             samples: items.len(),
@@ -362,13 +357,8 @@ impl TenantTrainer {
             mask: &mb.opd_mask,
         });
         if let Some(opd) = &opd {
-            tch::no_grad(|| {
-                let mask = opd.mask * &mb.loss_mask * &in_support;
-                let a = opd.advantages * &mask;
-                acc.opd_sum += a.sum(Kind::Double).double_value(&[]);
-                acc.opd_sq_sum += (&a * &a).sum(Kind::Double).double_value(&[]);
-                acc.opd_count += mask.sum(Kind::Double).double_value(&[]);
-            });
+            acc.opd
+                .add(opd.advantages, &(opd.mask * &mb.loss_mask * &in_support));
         }
         let Some((advantages, mask)) = combined_advantages(Some(rl), opd, weights) else {
             return Ok(());
@@ -398,12 +388,7 @@ impl TenantTrainer {
         acc.ratio_mean += m.ratio_mean * share;
         acc.kl += m.kl * share;
         acc.entropy += m.entropy * share;
-        tch::no_grad(|| {
-            let a = &advantages * &mask;
-            acc.adv_sum += a.sum(Kind::Double).double_value(&[]);
-            acc.adv_sq_sum += (&a * &a).sum(Kind::Double).double_value(&[]);
-            acc.adv_count += mask.sum(Kind::Double).double_value(&[]);
-        });
+        acc.advantage.add(&advantages, &mask);
         Ok(())
     }
 
@@ -468,6 +453,37 @@ impl TenantTrainer {
     }
 }
 
+/// Sum, sum of squares and count of a per-token value over the tokens of a mask.
+#[derive(Default)]
+struct Moments {
+    sum: f64,
+    sq_sum: f64,
+    count: f64,
+}
+
+impl Moments {
+    /// Adds `values` where `mask` is set (a 0/1 tensor of the same shape).
+    fn add(&mut self, values: &Tensor, mask: &Tensor) {
+        tch::no_grad(|| {
+            let masked = values * mask;
+            self.sum += masked.sum(Kind::Double).double_value(&[]);
+            self.sq_sum += (&masked * &masked).sum(Kind::Double).double_value(&[]);
+            self.count += mask.sum(Kind::Double).double_value(&[]);
+        });
+    }
+
+    /// Mean and standard deviation; `None` over no token.
+    fn mean_std(&self) -> Option<(f64, f64)> {
+        (self.count > 0.0).then(|| {
+            let mean = self.sum / self.count;
+            (
+                mean,
+                (self.sq_sum / self.count - mean * mean).max(0.0).sqrt(),
+            )
+        })
+    }
+}
+
 /// Metrics summed over a step's micro-batches, each weighted by its share of the tokens.
 #[derive(Default)]
 struct Accumulated {
@@ -476,13 +492,10 @@ struct Accumulated {
     ratio_mean: f64,
     kl: f64,
     entropy: f64,
-    adv_sum: f64,
-    adv_sq_sum: f64,
-    adv_count: f64,
+    /// The combined advantage over the tokens under the loss.
+    advantage: Moments,
     /// The hint-distillation advantage over the tokens it applied to.
-    opd_sum: f64,
-    opd_sq_sum: f64,
-    opd_count: f64,
+    opd: Moments,
     /// Train/inference agreement over recorded tokens served by the weights trained now.
     agree_tokens: f64,
     agree_abs_sum: f64,

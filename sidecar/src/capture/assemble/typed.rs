@@ -21,40 +21,29 @@ use super::{chat_usage, push_str, set_once, Assembler, Ending};
 /// A chat or completions body or chunk, as far as the assembler reads it.
 #[derive(Deserialize)]
 struct Event<'a> {
-    #[serde(default)]
     model: Option<Value>,
-    #[serde(default)]
     usage: Option<Value>,
-    #[serde(default)]
     prompt_token_ids: Option<Vec<u32>>,
-    #[serde(default, borrow)]
+    #[serde(borrow)]
     choices: Option<Vec<Choice<'a>>>,
     // What makes it an error answer, which the tree reader handles.
-    #[serde(default, borrow)]
+    #[serde(borrow)]
     error: Option<&'a RawValue>,
-    #[serde(default)]
     object: Option<Cow<'a, str>>,
-    #[serde(default, rename = "type")]
+    #[serde(rename = "type")]
     kind: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
 struct Choice<'a> {
-    #[serde(default)]
     index: Option<u64>,
-    #[serde(default)]
     prompt_token_ids: Option<Vec<u32>>,
-    #[serde(default)]
     token_ids: Option<Vec<u32>>,
-    #[serde(default, borrow)]
+    #[serde(borrow)]
     logprobs: Option<&'a RawValue>,
-    #[serde(default)]
     finish_reason: Option<Value>,
-    #[serde(default)]
     message: Option<Value>,
-    #[serde(default)]
     delta: Option<Value>,
-    #[serde(default)]
     text: Option<Value>,
 }
 
