@@ -60,6 +60,8 @@ pub struct Dropped {
     pub text_only_skipped: u64,
     /// Hints not distilled because distillation is off (`loss.opd_weight = 0`).
     pub hints_opd_off: u64,
+    /// Step rewards not trained on because the reward term is off (`loss.rl_weight = 0`).
+    pub rewards_rl_off: u64,
     /// Hints not distilled because the model folder has no tokenizer or chat template to
     /// render the teacher's prompt with.
     pub hints_no_tokenizer: u64,
@@ -82,6 +84,10 @@ pub struct ScoreOptions<'a> {
     pub samples: SampleOptions,
     pub weights: &'a RewardWeights,
     pub normalization: GroupNormalization,
+    /// Rewards only become advantages when the reward term counts (`loss.rl_weight > 0`):
+    /// with it off, a reward is no signal — a sample with nothing else is not trained, and
+    /// does not dilute the token mean of the samples that distil a hint.
+    pub reinforce: bool,
     /// Hints are only turned into teacher prompts when distillation is on.
     pub distill: bool,
     pub max_seq_len: usize,
@@ -182,6 +188,10 @@ pub fn score_delivery(
                         Some(per) => per[i],
                         None => rw.step_reward(&span.step).filter(|&r| r != 0.0),
                     };
+                    if a.is_some() && !options.reinforce {
+                        dropped.rewards_rl_off += 1;
+                        return None;
+                    }
                     a.map(|a| a as f32)
                 })
                 .collect();
@@ -258,11 +268,20 @@ mod tests {
     }
 
     fn score(records: &[TrajectoryRecord], is_group: bool) -> (Vec<Scored>, Dropped) {
+        score_with(records, is_group, true)
+    }
+
+    fn score_with(
+        records: &[TrajectoryRecord],
+        is_group: bool,
+        reinforce: bool,
+    ) -> (Vec<Scored>, Dropped) {
         let weights = RewardWeights::equal();
         let options = ScoreOptions {
             samples: SampleOptions::default(),
             weights: &weights,
             normalization: GroupNormalization::MeanOnly,
+            reinforce,
             distill: true,
             max_seq_len: 4096,
             vocab_size: 200_000,
@@ -329,6 +348,7 @@ mod tests {
             samples: SampleOptions::default(),
             weights: &weights,
             normalization: GroupNormalization::MeanOnly,
+            reinforce: true,
             distill: false,
             max_seq_len: 4096,
             vocab_size: 1000, // the example's ids are Qwen's (151 644 and up)
@@ -345,6 +365,18 @@ mod tests {
         );
         assert!(out.is_empty());
         assert_eq!(dropped.out_of_vocab, 1);
+    }
+
+    #[test]
+    fn with_the_reward_term_off_rewards_are_no_signal_and_counted() {
+        let tenant = TenantId::new("acme").unwrap_or_else(|e| panic!("{e}"));
+        // Both steps are rewarded; the one hint cannot be distilled without a tokenizer.
+        let (out, dropped) = score_with(&[tool_use_trajectory(tenant)], false, false);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(dropped.rewards_rl_off, 2);
+        assert_eq!(dropped.samples_without_signal, 1);
+        let (_, grouped) = score_with(&[rollout(Some(1.0)), rollout(Some(0.0))], true, false);
+        assert!(grouped.rewards_rl_off > 0);
     }
 
     #[test]

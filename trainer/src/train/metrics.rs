@@ -486,7 +486,7 @@ impl Prom {
 }
 
 /// Every reason a step or sample was left out, with its total.
-pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 21] {
+pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 22] {
     [
         ("stale", s.stale_dropped),
         ("duplicate", s.duplicate_dropped),
@@ -503,6 +503,7 @@ pub fn dropped_totals(s: &SampleStats, d: &Dropped) -> [(&'static str, u64); 21]
         ("invalid_rewards", d.invalid_rewards),
         ("text_only_skipped", d.text_only_skipped),
         ("hints_opd_off", d.hints_opd_off),
+        ("rewards_rl_off", d.rewards_rl_off),
         ("hints_no_tokenizer", d.hints_no_tokenizer),
         ("hints_unrenderable", d.hints_unrenderable),
         ("too_long", d.too_long),

@@ -578,6 +578,7 @@ pub fn score_options<'a>(
         },
         weights,
         normalization: config.group_normalization(),
+        reinforce: config.loss.rl_weight > 0.0,
         distill: config.loss.opd_weight > 0.0,
         max_seq_len: config.batch.max_seq_len,
         vocab_size: usize::try_from(vocab_size).unwrap_or(0),
