@@ -157,6 +157,23 @@ async fn hint_extractor_keeps_the_longest_hint_of_a_positive_vote() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn correction_hint_turns_what_a_correction_asks_for_into_a_hint() {
+    let mut host = host(&["correction_hint"], |_| {}).await;
+    let (trajectory, steps) = fixture();
+    let mut corrected = next_of(&steps[1]);
+    corrected.messages = vec![json!({"role": "user", "content":
+        "No, please give the temperature in Celsius. Do I need an umbrella tonight?"})];
+    let corrected = host.evaluate(&trajectory, &steps[1], &corrected).await;
+    match &only(&corrected, "correction_hint").verdict {
+        Verdict::Score { reward, hint } => {
+            assert_eq!(*reward, None);
+            assert_eq!(hint.as_deref(), Some("Give the temperature in Celsius."));
+        }
+        other => panic!("a score, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn exact_answer_checks_the_final_answer_when_the_trajectory_completes() {
     let mut host = host(&["exact_answer"], |_| {}).await;
     for (expected, want) in [("11.5", 1.0), ("12", -1.0)] {

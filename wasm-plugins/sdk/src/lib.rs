@@ -26,6 +26,7 @@
 // The generated bindings name this crate by its public path, inside it too.
 extern crate self as clawback_filter_sdk;
 
+pub mod reaction;
 pub mod text;
 pub mod transcript;
 
