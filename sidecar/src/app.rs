@@ -565,9 +565,7 @@ async fn prepare_model_call(
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let mut call = recorder
-        .begin(tenant, &hints, step_endpoint, &json, traceparent)
-        .await;
+    let mut call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
     call.policy = routed.policy.clone();
     call.responses = responses_turn;
     let model = json["model"].as_str().unwrap_or_default().to_owned();

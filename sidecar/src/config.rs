@@ -266,7 +266,7 @@ pub struct Limits {
     pub retry_after_secs: u32,
 }
 
-/// Session affinity: the calls of one trajectory go to the same upstream while it is healthy and
+/// Session affinity: the calls of one session go to the same upstream while it is healthy and
 /// not overloaded, so the engine's prefix cache holds the conversation so far.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

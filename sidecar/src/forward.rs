@@ -156,9 +156,7 @@ impl Forwarder {
         answer: Answer,
     ) -> Result<(Response<ProxyBody>, Relay<Incoming>), ProxyError> {
         // A recorded call's trajectory is its session: its calls go where its prefix is cached.
-        let affinity = recording
-            .as_ref()
-            .map(|pending| pending.call.trajectory.as_uuid().as_u128());
+        let affinity = recording.as_ref().map(|pending| pending.call.affinity);
         let result = self.send(parts, body, upstream_path, affinity).await;
         match result {
             Ok((response, in_flight, timing)) => {

@@ -231,8 +231,8 @@ impl Pool {
         self.pick_for(exclude, None)
     }
 
-    /// Picks an upstream for a call of session `key` (its trajectory): with affinity on, the one
-    /// the key hashes to first (rendezvous hashing: a session moves only when its upstream
+    /// Picks an upstream for a call of session `key` (its name or opening): with affinity on,
+    /// the one the key hashes to first (rendezvous hashing: a session moves only when its upstream
     /// leaves) among those whose calls in flight stay within the load bound — Mirrokni et al.'s
     /// consistent hashing with bounded loads — else what the balancer picks.
     pub fn pick_for(&self, exclude: &[Arc<str>], key: Option<u128>) -> Option<InFlight> {

@@ -1,11 +1,14 @@
 //! The recorder: turns served model calls into trajectory steps, off the request path.
 //!
 //! A call meets it twice. [`Recorder::begin`], before forwarding, asks the session state which
-//! trajectory the call joins (its own session hints, stitching, or a new one) and notes what the
-//! call adds after the previous reply: that previous step's next state. [`Recorder::finish`],
-//! once the upstream response was read to its end — also when the agent left — numbers the
-//! [`Step`] in the session state and journals it with the rest of the call's writes, before the
-//! relay lets the agent see the end of its answer.
+//! trajectory the call joins (its own session hints, stitching, or a new one) — and does not
+//! wait for the answer: the question travels while the engine generates. [`Recorder::finish`],
+//! once the upstream response was read to its end — also when the agent left — takes that
+//! answer, notes what the call added after the previous reply (that previous step's next
+//! state), numbers the [`Step`] in the session state and journals it with the rest of the
+//! call's writes, before the relay lets the agent see the end of its answer. So a call waits
+//! for one session operation, at its end, unless the engine answers faster than the session
+//! state does.
 //!
 //! Session state is shared by every replica of a pool ([`crate::session::shared`]): any replica
 //! continues any session, a completion is written by exactly one of them, and the idle sweep of
@@ -28,9 +31,9 @@ use std::time::{Duration, Instant};
 
 use clawback_datapool::{
     Anchor, AssistantOutput, Capture, Complete, CompletionReason, Endpoint, Finish, Finishing,
-    GroupId, GroupMembership, Join, KeyedSession, NextState, PolicyRef, Step, StepDone, StepId,
-    StepRequest, Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs, UpstreamRef,
-    Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
+    GroupId, GroupMembership, Join, Joined, KeyedSession, NextState, PolicyRef, Step, StepDone,
+    StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs,
+    UpstreamRef, Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -47,10 +50,9 @@ use sink::Sink;
 use writer::Message;
 
 /// A model call on its way through the sidecar, as far as the recorder is concerned.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Call {
     pub tenant: TenantId,
-    pub trajectory: TrajectoryId,
     /// The id its step gets; the call is in flight on its trajectory under it.
     pub step: StepId,
     pub endpoint: Endpoint,
@@ -58,8 +60,11 @@ pub struct Call {
     /// The conversation as the agent sent it, kept only when redaction changed what is stored:
     /// the agent's next call repeats the unredacted text, so stitching keys are made of it.
     pub unredacted: Option<Vec<Value>>,
-    pub trainable: bool,
-    pub done: bool,
+    /// What the call says about its session: the header of a trajectory it opens, whether it
+    /// is the last or a side turn, what a Responses call continues.
+    hints: Hints,
+    /// The agent's own `metadata`, kept (apart) in the header of a trajectory it opens.
+    agent_metadata: Option<Value>,
     pub started_at: UnixMs,
     pub traceparent: Option<String>,
     /// The adapter the call was routed to; `None`: the base model.
@@ -69,13 +74,26 @@ pub struct Call {
     pub redacted: bool,
     /// A Responses call: what its response id will stand for.
     pub responses: Option<crate::session::responses::Turn>,
-    /// Where its trajectory's session state lives.
-    pub held: Held,
+    /// What picks the backend that keeps its conversation's prefix cache (session affinity):
+    /// the same for every call of a session, known before the session state answers — the
+    /// session's name, else its opening (what came before the first reply).
+    pub affinity: u128,
+    /// The trajectory a new one would get.
+    opens: TrajectoryId,
+    /// The session state's answer to the call's join, asked while the call is forwarded.
+    joining: tokio::task::JoinHandle<(Joined, Held)>,
+}
+
+/// Where a call's step goes, once the session state answered its join.
+struct Placed {
+    trajectory: TrajectoryId,
+    held: Held,
+    evaluation_only: bool,
     /// The step's index should the session state not answer at the end.
-    pub index_guess: u32,
+    index_guess: u32,
     /// Writes that land with the call's step: its trajectory's header when the call opened it,
     /// the previous step's next state.
-    pub leading: Vec<WriteOp>,
+    leading: Vec<WriteOp>,
 }
 
 /// What the upstream answered, assembled whole.
@@ -276,8 +294,9 @@ impl Recorder {
             .write(vec![WriteOp::AppendEvaluations { evaluations }]);
     }
 
-    /// Decides the call's trajectory and notes the previous step's next state.
-    pub async fn begin(
+    /// Asks the session state which trajectory the call joins, and goes on without waiting for
+    /// the answer ([`Recorder::finish`] takes it).
+    pub fn begin(
         &self,
         tenant: TenantId,
         hints: &Hints,
@@ -287,17 +306,20 @@ impl Recorder {
     ) -> Call {
         let recorded = request::recorded(endpoint, body);
         let history = request::messages(endpoint, &recorded);
-        let anchor = match (&hints.session, &hints.continues) {
-            (Some((name, _)), _) => Anchor::Name(name.clone()),
-            (None, Some(continues)) => Anchor::Trajectory(continues.trajectory),
-            (None, None) => {
-                // Hashing happens before any lock or round trip.
+        // Hashing happens before any lock or round trip.
+        let (anchor, affinity) = match (&hints.session, &hints.continues) {
+            (Some((name, _)), _) => (
+                Anchor::Name(name.clone()),
+                xxhash_rust::xxh3::xxh3_128(format!("{}\0{name}", tenant.as_str()).as_bytes()),
+            ),
+            (None, continues) => {
                 let keys = RequestKeys::of(&tenant, &history);
-                if keys.is_empty() {
-                    Anchor::New
-                } else {
-                    Anchor::Prefixes(keys.prefixes())
-                }
+                let anchor = match continues {
+                    Some(continues) => Anchor::Trajectory(continues.trajectory),
+                    None if keys.is_empty() => Anchor::New,
+                    None => Anchor::Prefixes(keys.prefixes()),
+                };
+                (anchor, keys.opening)
             }
         };
         let unredacted = (!self.redactor.is_empty()).then(|| history.clone());
@@ -311,25 +333,64 @@ impl Recorder {
             open: TrajectoryId::new(),
             now: UnixMs::now(),
         };
-        let (joined, held) = self.sessions.join(&join).await;
+        let opens = join.open;
+        let sessions = Arc::clone(&self.sessions);
+        let joining = tokio::spawn(async move { sessions.join(&join).await });
+        Call {
+            tenant,
+            step,
+            endpoint,
+            request,
+            unredacted,
+            hints: hints.clone(),
+            agent_metadata: body.get("metadata").cloned(),
+            started_at: UnixMs::now(),
+            traceparent,
+            policy: None,
+            redacted,
+            responses: None,
+            affinity,
+            opens,
+            joining,
+        }
+    }
+
+    /// Where `call` goes: the session state's answer to its join, with the writes it brings
+    /// (the header of a trajectory it opened, the previous step's next state — which the
+    /// plugins now score).
+    async fn placed(&self, call: &mut Call) -> Placed {
+        let (joined, held) = match (&mut call.joining).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // The join's task cannot fail short of a panic: record the call on its own.
+                tracing::error!(error = %e, "a call's session join failed");
+                let alone = Joined {
+                    trajectory: call.opens,
+                    opened: true,
+                    ambiguous: false,
+                    previous: None,
+                    matched: None,
+                    evaluation_only: false,
+                    next_index: 0,
+                };
+                (alone, Held::Local)
+            }
+        };
+        let tenant = &call.tenant;
         let mut leading = Vec::new();
         if joined.opened {
-            let trajectory = self.opened(
-                &tenant,
-                joined.trajectory,
-                hints,
-                MetadataOrigin::Agent(body),
-            );
+            let origin = MetadataOrigin::Agent(call.agent_metadata.as_ref());
+            let trajectory = self.opened(tenant, joined.trajectory, &call.hints, origin);
             leading.push(WriteOp::UpsertTrajectory { trajectory });
         }
         if let Some(previous) = joined.previous {
-            let history = unredacted.as_deref().unwrap_or(&request.messages);
-            let mut added = match (Continuation::of(&joined), &hints.continues) {
+            let history = call.unredacted.as_deref().unwrap_or(&call.request.messages);
+            let mut added = match (Continuation::of(&joined), &call.hints.continues) {
                 (_, Some(continues)) if continues.trajectory == joined.trajectory => {
                     continues.next_state.clone()
                 }
                 (Some(continuation), _) => continuation.next_state(history).to_vec(),
-                _ => added_messages(&request.messages, previous.covered as usize),
+                _ => added_messages(&call.request.messages, previous.covered as usize),
             };
             added.iter_mut().for_each(|m| {
                 self.redactor.value(m);
@@ -339,7 +400,7 @@ impl Recorder {
                 observed_at: UnixMs::now(),
             };
             if let Some(filters) = self.filters.get() {
-                filters.next_state(&tenant, joined.trajectory, previous.step, &next_state);
+                filters.next_state(tenant, joined.trajectory, previous.step, &next_state);
             }
             leading.push(WriteOp::SetNextState {
                 tenant: tenant.clone(),
@@ -348,21 +409,10 @@ impl Recorder {
                 next_state,
             });
         }
-        Call {
-            tenant,
+        Placed {
             trajectory: joined.trajectory,
-            step,
-            endpoint,
-            request,
-            unredacted,
-            trainable: !hints.side_turn && !joined.evaluation_only,
-            done: hints.done,
-            started_at: UnixMs::now(),
-            traceparent,
-            policy: None,
-            redacted,
-            responses: None,
             held,
+            evaluation_only: joined.evaluation_only,
             index_guess: joined.next_index,
             leading,
         }
@@ -393,8 +443,8 @@ impl Recorder {
                     merge_metadata(&mut trajectory.metadata, metadata);
                 }
             }
-            MetadataOrigin::Agent(body) => {
-                if let Some(metadata @ Value::Object(_)) = body.get("metadata") {
+            MetadataOrigin::Agent(metadata) => {
+                if let Some(metadata @ Value::Object(_)) = metadata {
                     let mut metadata = metadata.clone();
                     self.redactor.value(&mut metadata);
                     trajectory
@@ -471,7 +521,7 @@ impl Recorder {
                 tenant,
                 joined.trajectory,
                 &hints,
-                MetadataOrigin::Agent(body),
+                MetadataOrigin::Agent(body.get("metadata")),
             );
             self.sink
                 .write(vec![WriteOp::UpsertTrajectory { trajectory }]);
@@ -503,7 +553,7 @@ impl Recorder {
 
     /// Records the step of a call whose response was read to its end. Returns once the step is
     /// journaled: the relay holds the end of the answer back until then.
-    pub async fn finish(&self, call: Call, outcome: Outcome) {
+    pub async fn finish(&self, mut call: Call, outcome: Outcome) {
         let waited = Instant::now();
         let mut keys = Vec::new();
         if outcome.complete {
@@ -515,17 +565,20 @@ impl Recorder {
             });
             let history = call.unredacted.as_deref().unwrap_or(&call.request.messages);
             keys = CallKeys::of(&call.tenant, history, &reply).stitch_keys();
-            if let (Some(turn), Some(id)) = (&call.responses, &outcome.response_id) {
-                let mut items = turn.new_items.clone();
-                items.extend(crate::session::responses::reply_items(&outcome.output));
-                self.responses.remember(
-                    &call.tenant,
-                    id.clone(),
-                    call.trajectory,
-                    turn.previous.clone(),
-                    items,
-                );
-            }
+        }
+        let placed = self.placed(&mut call).await;
+        if let (true, Some(turn), Some(id)) =
+            (outcome.complete, &call.responses, &outcome.response_id)
+        {
+            let mut items = turn.new_items.clone();
+            items.extend(crate::session::responses::reply_items(&outcome.output));
+            self.responses.remember(
+                &call.tenant,
+                id.clone(),
+                placed.trajectory,
+                turn.previous.clone(),
+                items,
+            );
         }
         let mut output = outcome.output;
         let mut tokens = outcome.tokens;
@@ -539,32 +592,32 @@ impl Recorder {
             (Tokens::None, true) => Capture::Logprobs,
             (Tokens::None, false) => Capture::Text,
         };
-        let trainable = call.trainable && outcome.complete;
+        let trainable = !call.hints.side_turn && !placed.evaluation_only && outcome.complete;
         self.metrics.captured(capture, trainable, &tokens);
         let covered = call.request.messages.len() + 1;
         let done = StepDone {
             tenant: call.tenant.clone(),
-            trajectory: call.trajectory,
+            trajectory: placed.trajectory,
             step: call.step,
             covered: u32::try_from(covered).unwrap_or(u32::MAX),
             answered: outcome.complete,
             keys,
-            finish: call.done.then_some(CompletionReason::DoneHeader),
+            finish: call.hints.done.then_some(CompletionReason::DoneHeader),
             now: UnixMs::now(),
         };
-        let slot = self.sessions.step_done(call.held, &done).await;
+        let slot = self.sessions.step_done(placed.held, &done).await;
         let index = match slot.and_then(|slot| slot.index) {
             Some(index) => index,
             None => {
                 self.sink.dropped("step_numbered_without_session_state");
-                call.index_guess
+                placed.index_guess
             }
         };
         let step = Step {
             schema_version: SCHEMA_VERSION,
             id: call.step,
             tenant: call.tenant.clone(),
-            trajectory: call.trajectory,
+            trajectory: placed.trajectory,
             index,
             trainable,
             endpoint: call.endpoint,
@@ -593,14 +646,14 @@ impl Recorder {
             Some(slot) => slot.finishing,
             // The session state is out of reach: the agent said this was the last call, and a
             // completion written twice (once more by the sweep, later) changes nothing.
-            None if call.done => Some(Finishing {
-                trajectory: call.trajectory,
+            None if call.hints.done => Some(Finishing {
+                trajectory: placed.trajectory,
                 reason: CompletionReason::DoneHeader,
                 steps: index + 1,
             }),
             None => None,
         };
-        let mut ops = call.leading;
+        let mut ops = placed.leading;
         ops.push(WriteOp::AppendSteps { steps: vec![step] });
         if let Some(finishing) = finishing {
             ops.extend(self.completion(&call.tenant, finishing));
@@ -613,12 +666,13 @@ impl Recorder {
 
     /// A call that produced no step (the upstream refused it): its in-flight mark goes, and
     /// what it brought (a new trajectory, the previous step's next state) is recorded.
-    pub async fn abandon(&self, call: Call) {
+    pub async fn abandon(&self, mut call: Call) {
+        let placed = self.placed(&mut call).await;
         let finishing = self
             .sessions
-            .call_abandoned(call.held, &call.tenant, &call.trajectory, &call.step)
+            .call_abandoned(placed.held, &call.tenant, &placed.trajectory, &call.step)
             .await;
-        let mut ops = call.leading;
+        let mut ops = placed.leading;
         if let Some(finishing) = finishing {
             ops.extend(self.completion(&call.tenant, finishing));
         }
@@ -828,10 +882,11 @@ fn added_messages(messages: &[Value], covered: usize) -> Vec<Value> {
 }
 
 /// Where a new trajectory's metadata comes from: the handshake API (trusted, top-level keys) or
-/// an agent's request body (kept under [`AGENT_METADATA_KEY`], never shown to plugins).
+/// an agent's request body's `metadata` (kept under [`AGENT_METADATA_KEY`], never shown to
+/// plugins).
 enum MetadataOrigin<'a> {
     Trusted(&'a Map<String, Value>),
-    Agent(&'a Value),
+    Agent(Option<&'a Value>),
 }
 
 /// Copies trusted `metadata` onto the trajectory, leaving the sidecar's own keys.

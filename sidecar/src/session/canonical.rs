@@ -81,6 +81,8 @@ pub struct HistoryHasher {
     /// Scratch space for canonical values.
     json: Vec<u8>,
     boundaries: Vec<Boundary>,
+    /// The hash of what came before the first assistant turn, once one came.
+    opening: Option<u128>,
 }
 
 impl HistoryHasher {
@@ -98,7 +100,15 @@ impl HistoryHasher {
             text: Vec::with_capacity(1024),
             json: Vec::with_capacity(256),
             boundaries: Vec::new(),
+            opening: None,
         }
+    }
+
+    /// The hash of the history's opening: everything before its first assistant turn (the
+    /// system prompt, the first request), all of it when there is none yet. Every call of a
+    /// conversation shares it, its first call included.
+    pub fn opening(&self) -> u128 {
+        self.opening.unwrap_or_else(|| self.hasher.digest128())
     }
 
     /// Adds one message (chat) or input item (Responses) of a request.
@@ -143,6 +153,8 @@ impl HistoryHasher {
     fn push_classified(&mut self, item: Item<'_>) {
         if let Item::Assistant { content, calls } = item {
             if !self.assistant_open {
+                // Every turn before it is closed (and hashed) already.
+                self.opening.get_or_insert_with(|| self.hasher.digest128());
                 self.assistant_open = true;
                 put_tagged(&mut self.turn, ROLE, b"assistant");
             }

@@ -72,6 +72,8 @@ impl Continuation {
 #[derive(Clone, Debug)]
 pub struct RequestKeys {
     boundaries: Vec<Boundary>,
+    /// [`HistoryHasher::opening`].
+    pub opening: u128,
 }
 
 impl RequestKeys {
@@ -79,8 +81,10 @@ impl RequestKeys {
     pub fn of(tenant: &TenantId, history: &[Value]) -> Self {
         let mut hasher = HistoryHasher::new(tenant);
         history.iter().for_each(|item| hasher.push(item));
+        let opening = hasher.opening();
         RequestKeys {
             boundaries: hasher.finish(),
+            opening,
         }
     }
 

@@ -24,7 +24,12 @@ async fn closed_port() -> String {
 #[tokio::test]
 async fn a_refused_connection_fails_over_and_ejects_the_dead_engine() {
     let live = MockUpstream::start().await;
-    let sidecar = Sidecar::start(test_config(&[closed_port().await, live.url()])).await;
+    let mut config = test_config(&[closed_port().await, live.url()]);
+    // Every call here has the same opening, which affinity would send to one engine for good;
+    // least outstanding without it picks the dead engine first.
+    config.balancer = BalancerKind::LeastOutstanding;
+    config.affinity.enabled = false;
+    let sidecar = Sidecar::start(config).await;
 
     for _ in 0..10 {
         assert_eq!(post_chat(&sidecar, false).await.status(), 200);
@@ -56,7 +61,10 @@ async fn a_run_of_gateway_failures_ejects_an_engine_without_replaying_requests()
     let mut config = test_config(&[failing.url(), healthy.url()]);
     config.health.eject_after_5xx = 2;
     config.health.ejection = Duration::from_secs(60);
+    // Every call here has the same opening, which affinity would send to one engine for good;
+    // least outstanding without it picks the failing engine until it is ejected.
     config.balancer = BalancerKind::LeastOutstanding;
+    config.affinity.enabled = false;
     let sidecar = Sidecar::start(config).await;
 
     let mut server_errors = 0;

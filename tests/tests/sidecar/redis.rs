@@ -184,3 +184,82 @@ async fn a_session_key_minted_on_one_replica_works_on_another() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The session state is asked which trajectory a call joins while the call is forwarded, not
+/// before: with Redis taking no writes (so the join cannot be answered), a streamed answer's
+/// first chunks still reach the agent; only its end waits for the step to be numbered and
+/// journaled, and the call is recorded once Redis answers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_is_forwarded_while_the_session_state_answers_its_join() {
+    let redis = RedisServer::start();
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.redis = Some(redis.url());
+    // Long enough that the join waits for Redis rather than falling back to local state.
+    config.recording.session_timeout = Duration::from_secs(60);
+    let sidecar = Sidecar::start(config).await;
+    let redis_client = redis::Client::open(redis.url()).unwrap();
+    let mut control = redis_client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(60_000)
+        .arg("WRITE")
+        .query_async(&mut control)
+        .await
+        .unwrap();
+
+    let mut response = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .header("x-clawback-session", "joined-later")
+        .json(&json!({"model": "mock-llama", "stream": true,
+                      "messages": [{"role": "user", "content": "Tell me about Paris."}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let first = tokio::time::timeout(Duration::from_secs(20), response.chunk())
+        .await
+        .expect("the first chunk while Redis takes no writes (the call waited for its join)")
+        .unwrap()
+        .expect("a chunk");
+    assert!(
+        String::from_utf8_lossy(&first).contains("data: "),
+        "{first:?}"
+    );
+
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut control)
+        .await
+        .unwrap();
+    let mut rest = String::from_utf8_lossy(&first).into_owned();
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+
+    let store = RedisStore::connect(&RedisConfig::single(redis.url()))
+        .await
+        .unwrap();
+    let tenant = TenantId::new("default").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let headers = store.list_trajectories(&tenant, None, 10).await.unwrap();
+        let steps = match headers.first() {
+            Some(header) => store
+                .trajectory(&tenant, &header.id)
+                .await
+                .unwrap()
+                .map_or(0, |r| r.steps.len()),
+            None => 0,
+        };
+        if steps == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the call was never recorded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
