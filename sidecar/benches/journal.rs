@@ -75,7 +75,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("journal: one call's record, appended");
     for (name, history) in [("4 kB request", 4 << 10), ("40 kB history", 40 << 10)] {
         let ops = record(history);
-        let bytes = serde_json::to_vec(&json!({"ops": &ops})).map_or(0, |v| v.len());
+        let bytes = journal::encode(&ops).map_or(0, |v| v.len());
         let label = format!("{name} ({} kB record)", bytes / 1024);
         group.bench_function(label.as_str(), |b| {
             b.iter_custom(|iterations| {
@@ -90,7 +90,7 @@ fn bench(c: &mut Criterion) {
             })
         });
         group.bench_function(format!("{name}: serialise only").as_str(), |b| {
-            b.iter(|| serde_json::to_vec(black_box(&json!({"ops": &ops}))))
+            b.iter(|| journal::encode(black_box(&ops)))
         });
         let mut times: Vec<u64> = (0..20_000)
             .map(|_| {

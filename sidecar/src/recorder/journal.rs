@@ -193,14 +193,7 @@ impl Journal {
 
     /// Appends one record: it is in the page cache (with `fsync`, on disk) when this returns.
     pub fn append(&self, ops: &[WriteOp]) -> Result<Position, JournalError> {
-        #[derive(Serialize)]
-        struct RecordRef<'a> {
-            ops: &'a [WriteOp],
-        }
-        // Sized for a typical record (a step with its tokens and logprobs): no regrowth.
-        let mut line = Vec::with_capacity(32 << 10);
-        serde_json::to_writer(&mut line, &RecordRef { ops }).map_err(|e| self.fail(e.into()))?;
-        line.push(b'\n');
+        let line = encode(ops).map_err(|e| self.fail(e.into()))?;
         let mut tail = self.tail();
         let start = tail.end;
         // One write per record: a reader never sees half of one, and a failed write leaves the
@@ -283,6 +276,19 @@ impl Journal {
         self.checkpoint(0)?;
         Ok(Some(tail.epoch))
     }
+}
+
+/// One record's line, as [`Journal::append`] writes it: the record as JSON and a newline.
+pub fn encode(ops: &[WriteOp]) -> serde_json::Result<Vec<u8>> {
+    #[derive(Serialize)]
+    struct RecordRef<'a> {
+        ops: &'a [WriteOp],
+    }
+    // Sized for a typical record (a step with its tokens and logprobs): no regrowth.
+    let mut line = Vec::with_capacity(32 << 10);
+    serde_json::to_writer(&mut line, &RecordRef { ops })?;
+    line.push(b'\n');
+    Ok(line)
 }
 
 /// The length of the file's complete lines (a cut-off last line excluded).
