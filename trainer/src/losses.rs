@@ -172,17 +172,24 @@ pub fn broadcast_step_rewards(
 /// Hint-guided on-policy distillation: `A_t = log π_teacher(a_t | s + hint) − log π_behaviour(a_t | s)`.
 /// The teacher's log-probs are of the same completion tokens under the hint-augmented prompt
 /// (see `chat_template::with_hint`), scored by `scoring::completion_logprobs` with the
-/// frozen base or the current policy as `scoring::Teacher`.
+/// frozen base or the current policy as `scoring::Teacher`. With `clip`, each `A_t` is clamped
+/// to `±clip` nats: a token the teacher finds all but impossible (−10 nats) then counts as much
+/// as one it merely disfavours, instead of steering the whole step alone.
 pub fn opd_advantages(
     teacher_logprobs: &Tensor,
     behaviour_logprobs: &Tensor,
+    clip: Option<f64>,
 ) -> Result<Tensor, LossError> {
     same_shape(
         "behaviour log-probs",
         behaviour_logprobs,
         &teacher_logprobs.size(),
     )?;
-    Ok((teacher_logprobs - behaviour_logprobs).detach())
+    let advantages = (teacher_logprobs - behaviour_logprobs).detach();
+    Ok(match clip {
+        Some(clip) => advantages.clamp(-clip, clip),
+        None => advantages,
+    })
 }
 
 /// The weights of the combined advantage.
@@ -249,6 +256,8 @@ pub struct LossConfig {
     pub clip: ClipRange,
     /// Coefficient of the k3 KL to the reference (the frozen base); 0 turns it off.
     pub kl_coef: f64,
+    /// Clamp of the hint-distillation advantage, in nats ([`opd_advantages`]); `None`: none.
+    pub opd_clip: Option<f64>,
 }
 
 impl Default for LossConfig {
@@ -256,6 +265,7 @@ impl Default for LossConfig {
         LossConfig {
             clip: ClipRange::default(),
             kl_coef: 0.0,
+            opd_clip: None,
         }
     }
 }
@@ -432,8 +442,12 @@ mod tests {
         let teacher = t(&[-1.0, -2.0, -0.25]);
         let behaviour = t(&[-1.5, -1.0, -0.25]);
         assert_eq!(
-            values(&opd_advantages(&teacher, &behaviour).unwrap()),
+            values(&opd_advantages(&teacher, &behaviour, None).unwrap()),
             vec![0.5, -1.0, 0.0]
+        );
+        assert_eq!(
+            values(&opd_advantages(&teacher, &behaviour, Some(0.75)).unwrap()),
+            vec![0.5, -0.75, 0.0]
         );
     }
 

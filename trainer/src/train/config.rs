@@ -257,6 +257,8 @@ pub struct LossSection {
     pub rl_weight: f64,
     /// Weight of the hint-distillation term; 0 turns OPD off.
     pub opd_weight: f64,
+    /// Clamp of each token's hint-distillation advantage, in nats; 0 leaves it as it is.
+    pub opd_clip: f64,
     /// k3 KL to the frozen base; 0 turns it off.
     pub kl_coef: f64,
     /// Who scores a completion under the hint-augmented prompt.
@@ -273,6 +275,7 @@ impl Default for LossSection {
             group_normalization: GroupNorm::Grpo,
             rl_weight: w.rl,
             opd_weight: w.opd,
+            opd_clip: 0.0,
             kl_coef: 0.0,
             teacher: TeacherKind::Base,
         }
@@ -458,6 +461,7 @@ impl TrainConfig {
         non_negative("loss.eps_high", self.loss.eps_high)?;
         non_negative("loss.rl_weight", self.loss.rl_weight)?;
         non_negative("loss.opd_weight", self.loss.opd_weight)?;
+        non_negative("loss.opd_clip", self.loss.opd_clip)?;
         non_negative("loss.kl_coef", self.loss.kl_coef)?;
         if self.batch.samples_per_step == 0 {
             return Err(bad("batch.samples_per_step", "must be at least 1"));
@@ -539,6 +543,7 @@ impl TrainConfig {
                 high: self.loss.eps_high,
             },
             kl_coef: self.loss.kl_coef,
+            opd_clip: (self.loss.opd_clip > 0.0).then_some(self.loss.opd_clip),
         }
     }
 

@@ -344,7 +344,11 @@ impl TenantTrainer {
         };
         acc.observe_agreement(mb, &current, &in_support);
         let opd_adv = if mb.has_opd() {
-            Some(opd_advantages(&mb.teacher, &behaviour)?)
+            Some(opd_advantages(
+                &mb.teacher,
+                &behaviour,
+                loss_config.opd_clip,
+            )?)
         } else {
             None
         };
