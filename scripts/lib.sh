@@ -72,6 +72,15 @@ apt_install_quiet() {
     return $rc
 }
 
+# A TrueType font the demos' charts draw their text with (DejaVu Sans, Debian's fonts-dejavu-core).
+ensure_fonts() {
+    if [ -n "${CLAWBACK_FONT:-}" ] || [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+        return 0
+    fi
+    say "installing fonts-dejavu-core (Debian package: the demos' charts)"
+    apt_install_quiet fonts-dejavu-core
+}
+
 # NGINX for the front-door tests (tests/tests/front_doors.rs runs it as a child process).
 ensure_nginx() {
     if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then return 0; fi

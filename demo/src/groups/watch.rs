@@ -4,7 +4,6 @@
 //! metrics log). A progress line goes to stderr as it changes.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,55 +11,41 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use super::files::RunDir;
-use super::summary::{mean, round_means};
+use super::summary::round_means;
 use super::workload::{lock, Plan, State};
 use super::PLUGIN;
-use crate::train::metrics::PublishReport;
+use crate::files::RunDir;
+use crate::report::mean;
+use crate::trainer_log::TrainerLog;
 
 /// How often the sidecars and the metrics log are read.
 const POLL: Duration = Duration::from_millis(500);
-
-/// One optimizer step of one tenant, from the trainer's log.
-#[derive(Debug, Clone)]
-pub struct StepSeen {
-    pub tenant: String,
-    pub step: u64,
-    pub reward_mean: Option<f64>,
-}
 
 #[derive(Debug, Default)]
 pub struct Observations {
     /// The plugin's reward per trajectory id.
     pub rewards: HashMap<String, f64>,
-    pub steps: Vec<StepSeen>,
-    /// Every publish, as the trainer logged it.
-    pub publishes: Vec<PublishReport>,
+    /// The trainer's optimizer steps and publishes.
+    pub log: TrainerLog,
+    /// The round in which each version that went live was first seen, in order.
+    pub swap_rounds: Vec<u32>,
     /// Per replica: tenant → live adapter.
     pub live: Vec<HashMap<String, String>>,
-    /// Per tenant, the trainer's latest totals of samples dropped as stale and groups
-    /// dropped for equal rewards.
-    pub stale_dropped: HashMap<String, u64>,
-    pub no_signal: HashMap<String, u64>,
-    /// Bytes of the metrics log already read.
-    log_offset: u64,
 }
 
 impl Observations {
     /// Groups of `tenant` the trainer is done with: each gave an optimizer step, or was
     /// dropped because its rewards were all equal (one group per step in the demo).
     pub fn groups_done(&self, tenant: &str) -> u64 {
-        self.steps_of(tenant) + self.no_signal.get(tenant).copied().unwrap_or(0)
+        self.log.steps_of(tenant) + self.latest(tenant, "no_signal")
     }
 
-    /// Optimizer steps `tenant`'s adapter has taken.
-    pub fn steps_of(&self, tenant: &str) -> u64 {
-        self.steps
-            .iter()
-            .filter(|s| s.tenant == tenant)
-            .map(|s| s.step)
-            .max()
-            .unwrap_or(0)
+    /// The trainer's latest total for `tenant` of what it left out for `reason`.
+    pub fn latest(&self, tenant: &str, reason: &str) -> u64 {
+        self.log
+            .lines_of(tenant)
+            .last()
+            .map_or(0, |line| line.dropped(reason))
     }
 }
 
@@ -125,7 +110,7 @@ async fn poll(
     sidecars: &[String],
     admin: &str,
     tenants: &[String],
-    log: &PathBuf,
+    log: &std::path::Path,
     state: &State,
 ) {
     let mut rewards = Vec::new();
@@ -143,6 +128,7 @@ async fn poll(
         live.push(body.map(|b| live_adapters(&b)));
     }
     let mut shared = lock(state);
+    let round = shared.round;
     let obs = &mut shared.outcome.observations;
     obs.rewards.extend(rewards);
     obs.live.resize(sidecars.len(), HashMap::new());
@@ -151,7 +137,9 @@ async fn poll(
             *slot = found;
         }
     }
-    read_log(log, obs);
+    obs.log.read_new(log);
+    let swaps = obs.log.live_publishes().count();
+    obs.swap_rounds.resize(swaps, round);
 }
 
 async fn get_json(client: &reqwest::Client, url: &str, admin: &str) -> Option<Value> {
@@ -186,54 +174,6 @@ fn live_adapters(body: &Value) -> HashMap<String, String> {
             ))
         })
         .collect()
-}
-
-/// Reads the complete lines the trainer appended since the last look.
-fn read_log(path: &PathBuf, obs: &mut Observations) {
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return;
-    };
-    if file.seek(SeekFrom::Start(obs.log_offset)).is_err() {
-        return;
-    }
-    let mut reader = BufReader::new(file);
-    let mut line = String::new();
-    while reader.read_line(&mut line).unwrap_or(0) > 0 {
-        if !line.ends_with('\n') {
-            // Half written: read it whole next time.
-            break;
-        }
-        obs.log_offset += line.len() as u64;
-        if let Ok(value) = serde_json::from_str::<Value>(&line) {
-            record_line(value, obs);
-        }
-        line.clear();
-    }
-}
-
-fn record_line(value: Value, obs: &mut Observations) {
-    if let Some(publish) = value.get("publish") {
-        if let Ok(report) = serde_json::from_value::<PublishReport>(publish.clone()) {
-            obs.publishes.push(report);
-        }
-        return;
-    }
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    let tenant = text(&value["tenant"]);
-    let Some(step) = value["step"].as_u64() else {
-        return;
-    };
-    if let Some(stale) = value["samples_stats"]["stale_dropped"].as_u64() {
-        obs.stale_dropped.insert(tenant.clone(), stale);
-    }
-    if let Some(no_signal) = value["dropped"]["no_signal"].as_u64() {
-        obs.no_signal.insert(tenant.clone(), no_signal);
-    }
-    obs.steps.push(StepSeen {
-        tenant,
-        step,
-        reward_mean: value["reward_mean"].as_f64(),
-    });
 }
 
 /// `[  42s] round 12/40 | loud (upper) reward -0.02 → 0.31 live loud@v11 | ... | 192 requests, 0 failed | 21 swaps`
@@ -273,16 +213,11 @@ fn progress(
             fmt(recent)
         ));
     }
-    let swaps = outcome
-        .observations
-        .publishes
-        .iter()
-        .filter(|p| p.error.is_none())
-        .count();
+    let swaps = outcome.observations.log.live_publishes().count();
     line.push_str(&format!(
         " | {} requests, {} failed | {swaps} swaps",
-        outcome.served + outcome.failed,
-        outcome.failed
+        outcome.requests.served + outcome.requests.failed,
+        outcome.requests.failed
     ));
     line
 }

@@ -1,0 +1,88 @@
+//! One chat completion as the simulated agents and users make it: the OpenAI API through a
+//! sidecar, with the tenant's API key, the model by its base name (the sidecar routes it to the
+//! tenant's live adapter).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::BASE_MODEL;
+
+/// Tokens per reply: a short phrase and its end.
+pub const MAX_TOKENS: u32 = 20;
+
+/// How the users' and the probes' calls are sampled: a tiny byte-level model sampled at
+/// temperature 1 strays from its phrases every few letters; a cooler, truncated sampler
+/// answers with what it learned, as a served model does with its generation defaults. The
+/// trainer scores each token under this sampler (it is recorded with the step).
+pub const TEMPERATURE: f64 = 0.6;
+pub const TOP_P: f64 = 0.9;
+
+/// What the engine answered.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub content: String,
+    /// The model that answered: the tenant's adapter (`tenant@v7`) or the base model.
+    pub model: String,
+}
+
+impl Reply {
+    /// The adapter version that answered; 0 for the base model.
+    pub fn version(&self) -> u64 {
+        self.model
+            .rsplit_once("@v")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// `POST {base_url}/chat/completions` (an OpenAI base URL, `http://sidecar/v1`) with
+/// `messages`, sampled at [`TEMPERATURE`] and [`TOP_P`], and `headers`; the error as the
+/// caller saw it.
+pub async fn complete(
+    client: &reqwest::Client,
+    base_url: &str,
+    key: &str,
+    messages: &[Value],
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
+    let mut request = client
+        .post(format!("{base_url}/chat/completions"))
+        .bearer_auth(key)
+        .timeout(Duration::from_secs(120))
+        .json(&json!({
+            "model": BASE_MODEL,
+            "messages": messages,
+            "max_tokens": MAX_TOKENS,
+            "temperature": TEMPERATURE,
+            "top_p": TOP_P,
+        }));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = success_body(request, "chat completion").await?;
+    let answer: Value =
+        serde_json::from_str(&body).map_err(|e| format!("chat completion: {e}: {body}"))?;
+    let content = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .ok_or_else(|| format!("chat completion without content: {body}"))?;
+    Ok(Reply {
+        content: content.to_owned(),
+        model: answer["model"].as_str().unwrap_or_default().to_owned(),
+    })
+}
+
+/// Sends `request` and reads its body, which must come with a success status; the error names
+/// `what` was asked (`chat completion: HTTP 429 Too Many Requests: {...}`).
+pub async fn success_body(request: reqwest::RequestBuilder, what: &str) -> Result<String, String> {
+    let response = request.send().await.map_err(|e| format!("{what}: {e}"))?;
+    let status = response.status();
+    let body = response
+        .text()
+        .await
+        .map_err(|e| format!("{what} body: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("{what}: HTTP {status}: {body}"));
+    }
+    Ok(body)
+}

@@ -1,0 +1,356 @@
+//! The feedback scenario: OpenClaw-RL's loop, end to end. Two tenants, each a simulated user
+//! holding long multi-turn sessions with opposite tastes ([`user`]); no groups, no handshake —
+//! plain chat calls the sidecars stitch. The signal is the user's next message: the
+//! `user_feedback` plugin gives the previous turn −1 (a correction) or +1 (thanks, moving on),
+//! and `correction_hint` turns a correction into a one-sentence directive hint. The trainer
+//! learns from them in one of three arms — binary RL only, hint distillation (OPD) only, both
+//! — each run on its own stack from the same taught base model, with the same users' seeds.
+//! Probes measure each tenant's preferred-style rate *with no hint in the context* before the
+//! arm and after its optimizer steps; a chart draws the rate over optimizer steps, one line
+//! per arm.
+
+mod export;
+pub mod lessons;
+mod probe;
+mod summary;
+pub mod user;
+mod workload;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+pub use summary::Summary;
+
+use clawback_trainer::tiny_model::TinyModel;
+
+use crate::chart::{self, Chart, Line, Panel};
+use crate::files::{Plugin, RunDir, Training};
+use crate::stack::{Stack, StackSpec};
+use crate::{all_prompts, say, teach, Common, DemoTenant};
+use summary::ArmSummary;
+
+/// The plugins that read the next state, by their file stems.
+pub const PLUGINS: [&str; 2] = ["user_feedback", "correction_hint"];
+/// How long a session stays open after its user's last call.
+const IDLE: Duration = Duration::from_secs(1);
+/// Conversations the taught model is measured on.
+const HELD_OUT: usize = 40;
+
+/// How the trainer combines the two signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arm {
+    /// Binary RL only: the reward of each turn, no distillation (`w_opd = 0`).
+    Rl,
+    /// Hint distillation only (`w_rl = 0`): the teacher is the base model with the hint.
+    Opd,
+    /// Both, weight 1 each.
+    Combined,
+}
+
+impl Arm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::Rl => "rl",
+            Arm::Opd => "opd",
+            Arm::Combined => "combined",
+        }
+    }
+
+    /// `(w_rl, w_opd)`.
+    pub fn weights(self) -> (f64, f64) {
+        match self {
+            Arm::Rl => (1.0, 0.0),
+            Arm::Opd => (0.0, 1.0),
+            Arm::Combined => (1.0, 1.0),
+        }
+    }
+}
+
+/// What the feedback scenario is asked to do.
+#[derive(Debug, Clone)]
+pub struct FeedbackOptions {
+    pub common: Common,
+    pub arms: Vec<Arm>,
+    pub rounds: u32,
+    /// Users per tenant and round (and samples per optimizer step).
+    pub sessions: u32,
+    /// Assistant turns per session.
+    pub turns: u32,
+    /// Probes per tenant every `probe_every` rounds, and before and after each arm.
+    pub probes: usize,
+    pub final_probes: usize,
+    pub probe_every: u32,
+    /// Conversations and optimizer steps that teach the base model.
+    pub lessons: usize,
+    pub teach_steps: u64,
+}
+
+/// Runs every arm and returns the summary (also written to `summary.json`, with the chart
+/// beside it in `preference-rate.svg` and `.png`).
+pub fn run(options: &FeedbackOptions) -> Result<Summary> {
+    let common = &options.common;
+    if options.arms.is_empty() || options.sessions < 1 || options.turns < 2 {
+        bail!("the feedback scenario needs an arm, --sessions ≥ 1 and --turns ≥ 2");
+    }
+    let started = Instant::now();
+    let run = RunDir::create(&common.dir)?;
+    say(&format!("run folder {}", run.root.display()));
+    let suffix = common
+        .redis
+        .as_ref()
+        .map(|_| format!("{:x}", std::process::id()));
+    let tenants = DemoTenant::pair(suffix.as_deref());
+    // Narrower random weights than the group scenario's: a tiny model learns to follow a
+    // request from them (with the wider ones it mostly does not, measured over seeds).
+    TinyModel {
+        init_std: 0.15,
+        ..common.engine.tiny_model(common.seed as i64)
+    }
+    .write(&run.model())?;
+    let prompts = all_prompts(&tenants);
+    let mut rng = StdRng::seed_from_u64(common.seed);
+    let history = options.turns as usize - 1;
+    let stages = lessons::curriculum(
+        &prompts,
+        options.lessons,
+        history,
+        options.teach_steps,
+        &mut rng,
+    );
+    let held_out = lessons::lessons(&prompts, HELD_OUT, history, &mut rng);
+    let taught = teach::teach(&run.model(), &stages, &held_out, common.seed)?;
+    let [lower, upper, title] = taught.mass.free;
+    say(&format!(
+        "taught the tiny model to answer in lower, UPPER or Title case, and in the case a request \
+         in the last user message asks for: {} steps in {:.1} s, loss {:.3}; on {HELD_OUT} \
+         conversations it never saw, asked for a case it gives it {:.0}% of its probability, \
+         asked for nothing lower {:.0}% / UPPER {:.0}% / Title {:.0}%",
+        taught.steps,
+        taught.seconds,
+        taught.loss,
+        100.0 * taught.mass.asked.unwrap_or(0.0),
+        100.0 * lower,
+        100.0 * upper,
+        100.0 * title,
+    ));
+    if options.rounds == 0 {
+        say("--rounds 0: taught and measured the base model only");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let mut arms = Vec::new();
+    let arms_to_run = if options.rounds == 0 {
+        &[][..]
+    } else {
+        &options.arms[..]
+    };
+    for &arm in arms_to_run {
+        // A Redis run gives each arm tenants of its own: one arm never trains on another's data.
+        let tenants = match &suffix {
+            Some(suffix) => DemoTenant::pair(Some(&format!("{suffix}-{}", arm.name()))),
+            None => tenants.clone(),
+        };
+        arms.push(run_arm(options, &run, arm, &tenants, &runtime)?);
+    }
+    let summary = Summary {
+        engine: common.engine.describe(),
+        seconds: started.elapsed().as_secs_f64(),
+        rounds: options.rounds,
+        sessions: options.sessions,
+        turns: options.turns,
+        probes: options.probes,
+        final_probes: options.final_probes,
+        teaching: taught,
+        arms,
+    };
+    std::fs::write(run.summary(), serde_json::to_string_pretty(&summary)?)
+        .with_context(|| format!("writing {}", run.summary().display()))?;
+    let written = chart::write(&rate_chart(&summary), &run.chart("preference-rate"))?;
+    println!("{}", summary.text());
+    say(&format!(
+        "preference rate: {}   summary: {}   logs: {}",
+        written.join("  "),
+        run.summary().display(),
+        run.root.join("arms").display()
+    ));
+    Ok(summary)
+}
+
+/// One arm on a stack of its own, from a copy of the taught model.
+fn run_arm(
+    options: &FeedbackOptions,
+    run: &RunDir,
+    arm: Arm,
+    tenants: &[DemoTenant],
+    runtime: &tokio::runtime::Runtime,
+) -> Result<ArmSummary> {
+    let common = &options.common;
+    let started = Instant::now();
+    say(&format!("arm {}: starting", arm.name()));
+    let arm_run = RunDir::create(&run.root.join("arms").join(arm.name()))?;
+    copy_dir(&run.model(), &arm_run.model())?;
+    let plugins = PLUGINS.map(|name| Plugin {
+        name,
+        tenant_config: Vec::new(),
+    });
+    let (rl_weight, opd_weight) = arm.weights();
+    let mut stack = Stack::start(&StackSpec {
+        run: &arm_run,
+        engine: &common.engine,
+        trainer: &common.trainer,
+        sidecar: &common.sidecar,
+        redis: common.redis.as_deref(),
+        tenants,
+        replicas: common.replicas,
+        plugins: &plugins,
+        plugin_dir: &common.plugins,
+        idle_timeout: "1s",
+        training: Training {
+            samples_per_step: options.sessions,
+            lr: common.lr,
+            rank: 8,
+            rl_weight,
+            opd_weight,
+            // A hinted reply's wrong first letter is all but impossible for the teacher (−10
+            // nats and more): clamped, it weighs no more than the letters after it, and the
+            // distilled rate climbs instead of swinging (seeded runs, README).
+            opd_clip: 2.0,
+            // Sessions without a signal for the arm (no hint, for OPD) give no sample: a step
+            // waits for a whole batch of those that do, across rounds, rather than taking one
+            // or two (Adam moves as far on one sample as on sixteen).
+            max_wait: "10s",
+        },
+    })?;
+    let plan = workload::Plan {
+        arm: arm.name(),
+        sidecars: stack.sidecar_urls.clone(),
+        tenants: tenants.to_vec(),
+        rounds: options.rounds,
+        sessions: options.sessions,
+        turns: options.turns,
+        probes: options.probes,
+        final_probes: options.final_probes,
+        probe_every: options.probe_every,
+        idle: IDLE,
+        seed: common.seed,
+        progress_every: common.progress_every,
+    };
+    let played = runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let sidecar = &plan.sidecars[0];
+        // What the teacher would say: the base model with each tenant's hint in its context.
+        let mut teacher = Vec::new();
+        for tenant in tenants {
+            let hint = lessons::requests(tenant.prefers).first().copied();
+            let (point, _) =
+                probe::probe(&client, sidecar, tenant, options.final_probes, hint).await;
+            teacher.push(point);
+        }
+        let outcome = workload::drive(&plan, &arm_run.metrics(), &mut stack.trainer).await?;
+        let mut recorded = Vec::new();
+        for tenant in tenants {
+            let read = export::recorded(&client, sidecar, &stack.admin_token, &tenant.name).await;
+            recorded.push(read.unwrap_or_else(|e| {
+                say(&format!("{e}: the recorded counts are left out"));
+                Default::default()
+            }));
+        }
+        anyhow::Ok((teacher, outcome, recorded))
+    });
+    stack.stop();
+    let (teacher, outcome, recorded) = played?;
+    let adapters = match tenants {
+        [a, b, ..] => crate::report::AdapterComparison::latest(
+            &arm_run.adapters(),
+            &outcome.log,
+            &a.name,
+            &b.name,
+        )?,
+        _ => None,
+    };
+    Ok(ArmSummary::new(
+        arm,
+        tenants,
+        outcome,
+        teacher,
+        recorded,
+        adapters,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
+/// Copies the files of `from` (a model folder: flat) into `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))
+                .with_context(|| format!("copying {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Per tenant, the preferred-style rate without a hint over optimizer steps: one line per arm,
+/// the versions that went live marked.
+fn rate_chart(summary: &Summary) -> Chart {
+    let tenant_names: Vec<(String, &str)> = summary
+        .arms
+        .first()
+        .map(|arm| {
+            arm.tenants
+                .iter()
+                .map(|t| (t.name.clone(), t.prefers))
+                .collect()
+        })
+        .unwrap_or_default();
+    let panels = tenant_names
+        .iter()
+        .enumerate()
+        .map(|(index, (name, prefers))| {
+            let arms = summary
+                .arms
+                .iter()
+                .filter_map(|arm| Some((arm, arm.tenants.get(index)?)));
+            let lines = arms
+                .clone()
+                .map(|(arm, t)| Line {
+                    label: format!(
+                        "{}: {:.2} → {:.2} ({:+.2})",
+                        arm.arm,
+                        t.before.rate(),
+                        t.after.rate(),
+                        t.gain
+                    ),
+                    points: t
+                        .points
+                        .iter()
+                        .map(|p| (p.version as f64, p.rate()))
+                        .collect(),
+                })
+                .collect();
+            let steps = arms.map(|(_, t)| t.optimizer_steps).max().unwrap_or(0);
+            Panel {
+                title: Some(format!("{name} (prefers {prefers})")),
+                lines,
+                marks: (1..=steps).map(|v| v as f64).collect(),
+            }
+        })
+        .collect();
+    Chart {
+        title: "clawback: preferred-style rate with no hint in the context, by how the trainer \
+                learned from the users' next messages"
+            .into(),
+        x_label: "optimizer steps (adapter version live)".into(),
+        y_label: "replies in the preferred case".into(),
+        y_range: (0.0, 1.0),
+        panels,
+        marks_label: "a version went live".into(),
+    }
+}

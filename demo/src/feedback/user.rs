@@ -1,0 +1,118 @@
+//! The feedback scenario's simulated user: one person holding a session with the assistant, who
+//! wants every answer in one letter case and says so the way people do. When a reply misses
+//! their taste, their next message is a correction that says what to do differently ("No,
+//! please answer in capital letters."); when it fits, a thank-you or simply the next question.
+//! The calls are plain chat completions with the whole conversation, as any OpenAI client makes
+//! them: no session id, no handshake — the sidecar stitches them into one trajectory, and the
+//! session ends when the user goes quiet (the sidecar's idle timeout).
+
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use serde_json::{json, Value};
+
+use crate::style::Case;
+use crate::teach::SYSTEM;
+
+/// What a user who wants `case` says when a reply missed it. Each is a correction the
+/// `user-feedback` plugin reads as one (−1) and that `correction-hint` turns into a hint.
+pub fn corrections(wants: Case) -> &'static [&'static str] {
+    match wants {
+        Case::Upper => &[
+            "No, please answer in capital letters.",
+            "Could you write that in capital letters instead?",
+            "That's not what I asked for. Please use capital letters.",
+        ],
+        Case::Lower => &[
+            "No, please answer in lowercase.",
+            "Could you write that in lowercase instead?",
+            "That's not what I asked for. Please use lowercase letters.",
+        ],
+        Case::Title => &[
+            "No, please answer in title case.",
+            "Could you write that in title case instead?",
+        ],
+    }
+}
+
+/// What opens the next question when the reply fitted: thanks and moving on (+1 from
+/// `user-feedback`), or nothing at all (no opinion).
+const PRAISE: &[&str] = &["Thanks! ", "Perfect. ", "Great. ", ""];
+
+/// One user's conversation so far.
+pub struct Session {
+    wants: Case,
+    questions: &'static [&'static str],
+    next_question: usize,
+    messages: Vec<Value>,
+}
+
+impl Session {
+    /// A new session that opens with `questions[first]` and goes on through the list.
+    pub fn new(wants: Case, questions: &'static [&'static str], first: usize) -> Self {
+        let mut session = Session {
+            wants,
+            questions,
+            next_question: first,
+            messages: vec![json!({"role": "system", "content": SYSTEM})],
+        };
+        let question = session.question();
+        session.say(question);
+        session
+    }
+
+    /// The conversation to send.
+    pub fn messages(&self) -> &[Value] {
+        &self.messages
+    }
+
+    /// Takes the assistant's reply and answers it: a correction when it missed, else praise
+    /// and the next question. Whether the reply fitted.
+    pub fn reply(&mut self, reply: &str, rng: &mut StdRng) -> bool {
+        self.messages
+            .push(json!({"role": "assistant", "content": reply}));
+        let fitted = Case::of(reply) == Some(self.wants);
+        let message = if fitted {
+            let praise = PRAISE.choose(rng).copied().unwrap_or_default();
+            format!("{praise}{}", self.question())
+        } else {
+            let correction = corrections(self.wants).choose(rng).copied();
+            correction.unwrap_or_default().to_owned()
+        };
+        self.say(message);
+        fitted
+    }
+
+    fn question(&mut self) -> String {
+        let question = self.questions[self.next_question % self.questions.len()];
+        self.next_question += 1;
+        question.to_owned()
+    }
+
+    fn say(&mut self, text: impl Into<String>) {
+        self.messages
+            .push(json!({"role": "user", "content": text.into()}));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    #[test]
+    fn a_missed_reply_is_corrected_and_a_fitting_one_moves_on() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut session = Session::new(Case::Upper, &["Name a city.", "Say hello."], 0);
+        assert!(!session.reply("new york city", &mut rng));
+        let correction = session.messages().last().unwrap()["content"].clone();
+        assert!(corrections(Case::Upper).contains(&correction.as_str().unwrap()));
+        assert!(session.reply("NEW YORK CITY", &mut rng));
+        let next = session.messages().last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(next.ends_with("Say hello."), "{next}");
+        assert_eq!(session.messages().len(), 6);
+    }
+}

@@ -1,0 +1,323 @@
+//! One arm of the feedback scenario, played against the running stack: each round, every
+//! tenant's users hold their sessions (several at once, a few turns each) and go quiet; once the
+//! sidecars have completed those sessions (idle) and the trainer has taken them (the datapool's
+//! consumer lag is back to 0), the next round starts — so every round is served by a recent
+//! policy. Probes measure each tenant's preferred-style rate before the first round, every few
+//! rounds, and after the trainer has taken the last one.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::probe::{probe, ProbePoint};
+use super::user::Session;
+use crate::backlog::{backlog, Backlog};
+use crate::chat;
+use crate::processes::Process;
+use crate::report::Requests;
+use crate::trainer_log::TrainerLog;
+use crate::DemoTenant;
+
+/// How long a round waits for the trainer to take its sessions before it goes on anyway.
+const PACE_WAIT: Duration = Duration::from_secs(60);
+/// How often the trainer's log and the sidecar's lag are read.
+const POLL: Duration = Duration::from_millis(250);
+
+/// What to play.
+pub struct Plan {
+    pub arm: &'static str,
+    pub sidecars: Vec<String>,
+    pub tenants: Vec<DemoTenant>,
+    pub rounds: u32,
+    /// Users (sessions) per tenant and round.
+    pub sessions: u32,
+    /// Assistant turns per session.
+    pub turns: u32,
+    /// Probes per tenant every `probe_every` rounds, and before and after the run.
+    pub probes: usize,
+    pub final_probes: usize,
+    pub probe_every: u32,
+    /// How long the sidecars wait before a quiet session is complete.
+    pub idle: Duration,
+    pub seed: u64,
+    pub progress_every: Duration,
+}
+
+/// What one arm's run found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub requests: Requests,
+    /// Per tenant: its probes, in order.
+    pub points: Vec<Vec<ProbePoint>>,
+    /// Per tenant and round: the users' replies that fitted their taste, and all of them.
+    pub fitted: Vec<Vec<(u32, u32)>>,
+    pub log: TrainerLog,
+}
+
+#[derive(Default)]
+struct Shared {
+    outcome: Outcome,
+    round: u32,
+}
+
+type State = Arc<Mutex<Shared>>;
+
+fn lock(state: &State) -> MutexGuard<'_, Shared> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Plays the plan; returns once the trainer has taken the last round and the last probes ran.
+pub async fn drive(plan: &Plan, log: &std::path::Path, trainer: &mut Process) -> Result<Outcome> {
+    let client = reqwest::Client::builder()
+        .build()
+        .context("building the HTTP client")?;
+    let state: State = Arc::default();
+    {
+        let mut shared = lock(&state);
+        shared.outcome.points = vec![Vec::new(); plan.tenants.len()];
+        shared.outcome.fitted = vec![Vec::new(); plan.tenants.len()];
+    }
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let watcher = tokio::spawn(
+        Watch {
+            tenants: plan.tenants.clone(),
+            arm: plan.arm,
+            rounds: plan.rounds,
+            log: log.to_owned(),
+            every: plan.progress_every,
+            started: Instant::now(),
+        }
+        .run(Arc::clone(&state), Arc::clone(&stop)),
+    );
+    let result = rounds(plan, &client, &state, trainer).await;
+    stop.notify_one();
+    let _ = watcher.await;
+    result?;
+    let mut shared = lock(&state);
+    shared.outcome.log.read_new(log);
+    Ok(std::mem::take(&mut shared.outcome))
+}
+
+async fn rounds(
+    plan: &Plan,
+    client: &reqwest::Client,
+    state: &State,
+    trainer: &mut Process,
+) -> Result<()> {
+    probe_all(plan, client, state, plan.final_probes).await;
+    for round in 0..plan.rounds {
+        lock(state).round = round;
+        let mut sessions = tokio::task::JoinSet::new();
+        for (tenant_index, tenant) in plan.tenants.iter().enumerate() {
+            for user in 0..plan.sessions {
+                let run = SessionRun {
+                    client: client.clone(),
+                    sidecars: plan.sidecars.clone(),
+                    tenant: tenant.clone(),
+                    tenant_index,
+                    round,
+                    user,
+                    turns: plan.turns,
+                    first_question: (round * plan.sessions + user) as usize,
+                    rng: StdRng::seed_from_u64(
+                        plan.seed
+                            ^ (u64::from(round) << 32 | u64::from(user) << 8)
+                            ^ tenant_index as u64,
+                    ),
+                };
+                let state = Arc::clone(state);
+                sessions.spawn(async move { run.play(&state).await });
+            }
+        }
+        while let Some(joined) = sessions.join_next().await {
+            joined.context("a user's session panicked")?;
+        }
+        wait_for_trainer(plan, client, trainer).await?;
+        let last = round + 1 == plan.rounds;
+        if !last && (round + 1) % plan.probe_every.max(1) == 0 {
+            probe_all(plan, client, state, plan.probes).await;
+        }
+    }
+    probe_all(plan, client, state, plan.final_probes).await;
+    Ok(())
+}
+
+/// One user's session of one round.
+struct SessionRun {
+    client: reqwest::Client,
+    sidecars: Vec<String>,
+    tenant: DemoTenant,
+    tenant_index: usize,
+    round: u32,
+    user: u32,
+    turns: u32,
+    first_question: usize,
+    rng: StdRng,
+}
+
+impl SessionRun {
+    async fn play(mut self, state: &State) {
+        let mut session = Session::new(
+            self.tenant.prefers,
+            self.tenant.prompts,
+            self.first_question,
+        );
+        let (mut fitted, mut replies) = (0, 0);
+        for turn in 0..self.turns {
+            // A pool: the session's turns go to whichever replica, as behind a load balancer.
+            let replica = (self.round + self.user + turn) as usize % self.sidecars.len();
+            let base_url = format!("{}/v1", self.sidecars[replica]);
+            let result = chat::complete(
+                &self.client,
+                &base_url,
+                &self.tenant.key,
+                session.messages(),
+                &[],
+            )
+            .await;
+            lock(state).outcome.requests.count(&result, || {
+                format!(
+                    "{} round {} user {} turn {turn}",
+                    self.tenant.name, self.round, self.user
+                )
+            });
+            let Ok(reply) = result else {
+                // The user gives up on this session; the trajectory ends when it goes idle.
+                break;
+            };
+            replies += 1;
+            if session.reply(&reply.content, &mut self.rng) {
+                fitted += 1;
+            }
+        }
+        let mut shared = lock(state);
+        let per_round = &mut shared.outcome.fitted[self.tenant_index];
+        let slot = self.round as usize;
+        if per_round.len() <= slot {
+            per_round.resize(slot + 1, (0, 0));
+        }
+        per_round[slot].0 += fitted;
+        per_round[slot].1 += replies;
+    }
+}
+
+/// Waits until the sidecars have completed the round's sessions (quiet for `plan.idle`) and the
+/// trainer has been handed every ready one (the consumer group's lag is 0 in the first
+/// sidecar's `/metrics`); it may still wait for more before it steps.
+async fn wait_for_trainer(
+    plan: &Plan,
+    client: &reqwest::Client,
+    trainer: &mut Process,
+) -> Result<()> {
+    // The idle sweep runs every quarter of the idle timeout; then the completion is journaled
+    // and written.
+    tokio::time::sleep(plan.idle + plan.idle / 2 + Duration::from_millis(250)).await;
+    let since = Instant::now();
+    let mut quiet = 0;
+    while since.elapsed() < PACE_WAIT {
+        if !trainer.running() {
+            bail!("the trainer exited: {}", trainer.tail());
+        }
+        match backlog(client, &plan.sidecars[0]).await {
+            Some(Backlog { lag: 0, .. }) => quiet += 1,
+            _ => quiet = 0,
+        }
+        if quiet >= 2 {
+            return Ok(());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    crate::say(&format!(
+        "{}: the trainer has not taken the round's sessions after {PACE_WAIT:?}; going on",
+        plan.arm
+    ));
+    Ok(())
+}
+
+/// Probes every tenant, `n` calls each, concurrently.
+async fn probe_all(plan: &Plan, client: &reqwest::Client, state: &State, n: usize) {
+    let mut probes = tokio::task::JoinSet::new();
+    for (index, tenant) in plan.tenants.iter().enumerate() {
+        let (client, tenant) = (client.clone(), tenant.clone());
+        let sidecar = plan.sidecars[index % plan.sidecars.len()].clone();
+        probes.spawn(async move { (index, probe(&client, &sidecar, &tenant, n, None).await) });
+    }
+    while let Some(joined) = probes.join_next().await {
+        let Ok((index, (point, failures))) = joined else {
+            continue;
+        };
+        let mut shared = lock(state);
+        let outcome = &mut shared.outcome;
+        for failure in failures {
+            outcome
+                .requests
+                .count::<()>(&Err(failure), || "probe".to_owned());
+        }
+        outcome.requests.served += point.probes as u64;
+        outcome.points[index].push(point);
+    }
+}
+
+/// Reads the trainer's log as it grows and prints a progress line every `every`.
+struct Watch {
+    tenants: Vec<DemoTenant>,
+    arm: &'static str,
+    rounds: u32,
+    log: std::path::PathBuf,
+    every: Duration,
+    started: Instant,
+}
+
+impl Watch {
+    async fn run(self, state: State, stop: Arc<tokio::sync::Notify>) {
+        let mut last_line = Instant::now();
+        loop {
+            lock(&state).outcome.log.read_new(&self.log);
+            if last_line.elapsed() >= self.every {
+                last_line = Instant::now();
+                eprintln!("{}", self.progress(&state));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = stop.notified() => return,
+            }
+        }
+    }
+
+    /// `[  42s] opd round 5/12 | loud (upper) 0.31 → 0.58 at v5 | ... | 412 requests, 0 failed | 10 swaps`
+    fn progress(&self, state: &State) -> String {
+        let shared = lock(state);
+        let outcome = &shared.outcome;
+        let mut line = format!(
+            "[{:>4.0}s] {} round {}/{}",
+            self.started.elapsed().as_secs_f64(),
+            self.arm,
+            shared.round + 1,
+            self.rounds
+        );
+        for (index, tenant) in self.tenants.iter().enumerate() {
+            let points = &outcome.points[index];
+            let rate = |p: Option<&ProbePoint>| {
+                p.map_or("  -  ".to_owned(), |p| format!("{:.2}", p.rate()))
+            };
+            line.push_str(&format!(
+                " | {} ({}) {} → {} at v{}",
+                tenant.name,
+                tenant.prefers.as_str(),
+                rate(points.first()),
+                rate(points.last()),
+                outcome.log.steps_of(&tenant.name)
+            ));
+        }
+        line.push_str(&format!(
+            " | {} requests, {} failed | {} swaps",
+            outcome.requests.served + outcome.requests.failed,
+            outcome.requests.failed,
+            outcome.log.live_publishes().count()
+        ));
+        line
+    }
+}
