@@ -170,12 +170,14 @@ fn main() -> Result<()> {
             feedback::run(&FeedbackOptions {
                 common,
                 arms: cli.arms,
-                rounds: cli.rounds.unwrap_or(12),
-                sessions: cli.sessions,
-                turns: cli.turns,
-                probes: cli.probes,
-                final_probes: cli.final_probes,
-                probe_every: cli.probe_every,
+                schedule: feedback::Schedule {
+                    rounds: cli.rounds.unwrap_or(12),
+                    sessions: cli.sessions,
+                    turns: cli.turns,
+                    probes: cli.probes,
+                    final_probes: cli.final_probes,
+                    probe_every: cli.probe_every,
+                },
                 lessons: cli.lessons,
                 teach_steps: cli.teach_steps,
             })?;

@@ -23,6 +23,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 pub use summary::Summary;
+pub use workload::Schedule;
 
 use clawback_trainer::tiny_model::TinyModel;
 
@@ -74,15 +75,7 @@ impl Arm {
 pub struct FeedbackOptions {
     pub common: Common,
     pub arms: Vec<Arm>,
-    pub rounds: u32,
-    /// Users per tenant and round (and samples per optimizer step).
-    pub sessions: u32,
-    /// Assistant turns per session.
-    pub turns: u32,
-    /// Probes per tenant every `probe_every` rounds, and before and after each arm.
-    pub probes: usize,
-    pub final_probes: usize,
-    pub probe_every: u32,
+    pub schedule: Schedule,
     /// Conversations and optimizer steps that teach the base model.
     pub lessons: usize,
     pub teach_steps: u64,
@@ -92,7 +85,7 @@ pub struct FeedbackOptions {
 /// beside it in `preference-rate.svg` and `.png`).
 pub fn run(options: &FeedbackOptions) -> Result<Summary> {
     let common = &options.common;
-    if options.arms.is_empty() || options.sessions < 1 || options.turns < 2 {
+    if options.arms.is_empty() || options.schedule.sessions < 1 || options.schedule.turns < 2 {
         bail!("the feedback scenario needs an arm, --sessions ≥ 1 and --turns ≥ 2");
     }
     let started = Instant::now();
@@ -112,7 +105,7 @@ pub fn run(options: &FeedbackOptions) -> Result<Summary> {
     .write(&run.model())?;
     let prompts = all_prompts(&tenants);
     let mut rng = StdRng::seed_from_u64(common.seed);
-    let history = options.turns as usize - 1;
+    let history = options.schedule.turns as usize - 1;
     let stages = lessons::curriculum(
         &prompts,
         options.lessons,
@@ -136,7 +129,7 @@ pub fn run(options: &FeedbackOptions) -> Result<Summary> {
         100.0 * upper,
         100.0 * title,
     ));
-    if options.rounds == 0 {
+    if options.schedule.rounds == 0 {
         say("--rounds 0: taught and measured the base model only");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -145,7 +138,7 @@ pub fn run(options: &FeedbackOptions) -> Result<Summary> {
         .build()
         .context("starting the tokio runtime")?;
     let mut arms = Vec::new();
-    let arms_to_run = if options.rounds == 0 {
+    let arms_to_run = if options.schedule.rounds == 0 {
         &[][..]
     } else {
         &options.arms[..]
@@ -161,11 +154,7 @@ pub fn run(options: &FeedbackOptions) -> Result<Summary> {
     let summary = Summary {
         engine: common.engine.describe(),
         seconds: started.elapsed().as_secs_f64(),
-        rounds: options.rounds,
-        sessions: options.sessions,
-        turns: options.turns,
-        probes: options.probes,
-        final_probes: options.final_probes,
+        schedule: options.schedule,
         teaching: taught,
         arms,
     };
@@ -212,7 +201,7 @@ fn run_arm(
         plugin_dir: &common.plugins,
         idle_timeout: "1s",
         training: Training {
-            samples_per_step: options.sessions,
+            samples_per_step: options.schedule.sessions,
             lr: common.lr,
             rank: 8,
             rl_weight,
@@ -231,12 +220,7 @@ fn run_arm(
         arm: arm.name(),
         sidecars: stack.sidecar_urls.clone(),
         tenants: tenants.to_vec(),
-        rounds: options.rounds,
-        sessions: options.sessions,
-        turns: options.turns,
-        probes: options.probes,
-        final_probes: options.final_probes,
-        probe_every: options.probe_every,
+        schedule: options.schedule,
         idle: IDLE,
         seed: common.seed,
         progress_every: common.progress_every,
@@ -248,8 +232,14 @@ fn run_arm(
         let mut teacher = Vec::new();
         for tenant in tenants {
             let hint = lessons::requests(tenant.prefers).first().copied();
-            let (point, _) =
-                probe::probe(&client, sidecar, tenant, options.final_probes, hint).await;
+            let (point, _) = probe::probe(
+                &client,
+                sidecar,
+                tenant,
+                options.schedule.final_probes,
+                hint,
+            )
+            .await;
             teacher.push(point);
         }
         let outcome = workload::drive(&plan, &arm_run.metrics(), &mut stack.trainer).await?;

@@ -19,11 +19,8 @@ pub struct Summary {
     /// The engine that served the model, in words.
     pub engine: String,
     pub seconds: f64,
-    pub rounds: u32,
-    pub sessions: u32,
-    pub turns: u32,
-    pub probes: usize,
-    pub final_probes: usize,
+    #[serde(flatten)]
+    pub schedule: super::workload::Schedule,
     /// How the base model was taught, and how it follows a request in its context.
     pub teaching: crate::teach::Taught,
     pub arms: Vec<ArmSummary>,
@@ -218,9 +215,9 @@ impl Summary {
              (base model taught in {} steps, {:.1} s)\n",
             self.engine,
             self.arms.len(),
-            self.rounds,
-            self.sessions,
-            self.turns,
+            self.schedule.rounds,
+            self.schedule.sessions,
+            self.schedule.turns,
             self.seconds,
             self.teaching.steps,
             self.teaching.seconds,

@@ -26,13 +26,11 @@ const PACE_WAIT: Duration = Duration::from_secs(60);
 /// How often the trainer's log and the sidecar's lag are read.
 const POLL: Duration = Duration::from_millis(250);
 
-/// What to play.
-pub struct Plan {
-    pub arm: &'static str,
-    pub sidecars: Vec<String>,
-    pub tenants: Vec<DemoTenant>,
+/// How much every arm plays and measures.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Schedule {
     pub rounds: u32,
-    /// Users (sessions) per tenant and round.
+    /// Users (sessions) per tenant and round (and samples per optimizer step).
     pub sessions: u32,
     /// Assistant turns per session.
     pub turns: u32,
@@ -40,6 +38,14 @@ pub struct Plan {
     pub probes: usize,
     pub final_probes: usize,
     pub probe_every: u32,
+}
+
+/// What to play.
+pub struct Plan {
+    pub arm: &'static str,
+    pub sidecars: Vec<String>,
+    pub tenants: Vec<DemoTenant>,
+    pub schedule: Schedule,
     /// How long the sidecars wait before a quiet session is complete.
     pub idle: Duration,
     pub seed: u64,
@@ -85,7 +91,7 @@ pub async fn drive(plan: &Plan, log: &std::path::Path, trainer: &mut Process) ->
         Watch {
             tenants: plan.tenants.clone(),
             arm: plan.arm,
-            rounds: plan.rounds,
+            rounds: plan.schedule.rounds,
             log: log.to_owned(),
             every: plan.progress_every,
             started: Instant::now(),
@@ -107,12 +113,12 @@ async fn rounds(
     state: &State,
     trainer: &mut Process,
 ) -> Result<()> {
-    probe_all(plan, client, state, plan.final_probes).await;
-    for round in 0..plan.rounds {
+    probe_all(plan, client, state, plan.schedule.final_probes).await;
+    for round in 0..plan.schedule.rounds {
         lock(state).round = round;
         let mut sessions = tokio::task::JoinSet::new();
         for (tenant_index, tenant) in plan.tenants.iter().enumerate() {
-            for user in 0..plan.sessions {
+            for user in 0..plan.schedule.sessions {
                 let run = SessionRun {
                     client: client.clone(),
                     sidecars: plan.sidecars.clone(),
@@ -120,8 +126,8 @@ async fn rounds(
                     tenant_index,
                     round,
                     user,
-                    turns: plan.turns,
-                    first_question: (round * plan.sessions + user) as usize,
+                    turns: plan.schedule.turns,
+                    first_question: (round * plan.schedule.sessions + user) as usize,
                     rng: StdRng::seed_from_u64(
                         plan.seed
                             ^ (u64::from(round) << 32 | u64::from(user) << 8)
@@ -136,12 +142,12 @@ async fn rounds(
             joined.context("a user's session panicked")?;
         }
         wait_for_trainer(plan, client, trainer).await?;
-        let last = round + 1 == plan.rounds;
-        if !last && (round + 1) % plan.probe_every.max(1) == 0 {
-            probe_all(plan, client, state, plan.probes).await;
+        let last = round + 1 == plan.schedule.rounds;
+        if !last && (round + 1) % plan.schedule.probe_every.max(1) == 0 {
+            probe_all(plan, client, state, plan.schedule.probes).await;
         }
     }
-    probe_all(plan, client, state, plan.final_probes).await;
+    probe_all(plan, client, state, plan.schedule.final_probes).await;
     Ok(())
 }
 
