@@ -435,13 +435,8 @@ impl Sessions for LocalSessions {
                 .execute(params![tenant, name, id])?;
             }
             Ok(Joined {
-                trajectory: join.open,
-                opened: true,
                 ambiguous,
-                previous: None,
-                matched: None,
-                evaluation_only: false,
-                next_index: 0,
+                ..Joined::alone(join.open)
             })
         })
         .await

@@ -92,6 +92,22 @@ pub struct Joined {
     pub next_index: u32,
 }
 
+impl Joined {
+    /// A call recorded on its own, in the new trajectory `open`: what a caller falls back to
+    /// when the session state cannot answer.
+    pub fn alone(open: TrajectoryId) -> Joined {
+        Joined {
+            trajectory: open,
+            opened: true,
+            ambiguous: false,
+            previous: None,
+            matched: None,
+            evaluation_only: false,
+            next_index: 0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Previous {
     pub step: StepId,

@@ -88,19 +88,24 @@ pub struct CaseMass {
     pub free: [f64; 3],
 }
 
+/// The ids of `lesson`'s conversation rendered for the assistant's next reply.
+fn prompt_of(template: &ChatTemplate, tokenizer: &Tokenizer, lesson: &Lesson) -> Result<Vec<i64>> {
+    let text = template.render(ChatInput {
+        messages: &lesson.messages,
+        tools: None,
+        add_generation_prompt: true,
+        extra: None,
+    })?;
+    Ok(tokenizer.encode(&text, false)?)
+}
+
 /// Every (prompt ids, reply ids + EOS) pair of `lessons`.
 fn samples(dir: &Path, lessons: &[Lesson]) -> Result<Vec<(Vec<i64>, Vec<i64>)>> {
     let tokenizer = Tokenizer::from_dir(dir)?;
     let template = ChatTemplate::from_dir(dir)?;
     let mut out = Vec::new();
     for lesson in lessons {
-        let text = template.render(ChatInput {
-            messages: &lesson.messages,
-            tools: None,
-            add_generation_prompt: true,
-            extra: None,
-        })?;
-        let prompt_ids = tokenizer.encode(&text, false)?;
+        let prompt_ids = prompt_of(&template, &tokenizer, lesson)?;
         for reply in &lesson.replies {
             let mut ids = tokenizer.encode(reply, false)?;
             ids.push(EOS_ID);
@@ -224,13 +229,7 @@ fn case_mass(dir: &Path, model: &Model, lessons: &[Lesson]) -> Result<CaseMass> 
     let (mut asked, mut asked_n) = (0.0, 0usize);
     let (mut free, mut free_n) = ([0.0; 3], 0usize);
     for lesson in lessons {
-        let text = template.render(ChatInput {
-            messages: &lesson.messages,
-            tools: None,
-            add_generation_prompt: true,
-            extra: None,
-        })?;
-        let prompt = tokenizer.encode(&text, false)?;
+        let prompt = prompt_of(&template, &tokenizer, lesson)?;
         // Every phrase in every case: its log-likelihood after the prompt.
         let mut rows = Vec::new();
         for case in Case::ALL {

@@ -364,16 +364,7 @@ impl Recorder {
             Err(e) => {
                 // The join's task cannot fail short of a panic: record the call on its own.
                 tracing::error!(error = %e, "a call's session join failed");
-                let alone = Joined {
-                    trajectory: call.opens,
-                    opened: true,
-                    ambiguous: false,
-                    previous: None,
-                    matched: None,
-                    evaluation_only: false,
-                    next_index: 0,
-                };
-                (alone, Held::Local)
+                (Joined::alone(call.opens), Held::Local)
             }
         };
         let tenant = &call.tenant;

@@ -161,18 +161,7 @@ impl SessionState {
                 // In-memory SQLite failing is out-of-memory territory: record the call on its
                 // own rather than fail it.
                 tracing::error!(error = %e, "the local session state failed");
-                (
-                    Joined {
-                        trajectory: join.open,
-                        opened: true,
-                        ambiguous: false,
-                        previous: None,
-                        matched: None,
-                        evaluation_only: false,
-                        next_index: 0,
-                    },
-                    Held::Local,
-                )
+                (Joined::alone(join.open), Held::Local)
             }
         }
     }
