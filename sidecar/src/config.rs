@@ -179,6 +179,11 @@ pub struct Recording {
     /// Records the writer holds parsed in memory; every record is in the journal
     /// ([`crate::recorder::journal`]) anyway, so past this the writer reads it back from there.
     pub queue_capacity: usize,
+    /// Journal bytes the writer holds parsed in memory, all records together (a parsed record
+    /// takes about twice its journal line): past it, as past `queue_capacity`, the writer reads
+    /// records back from the journal. Bounds the recorder's memory when the datapool is slower
+    /// than the traffic.
+    pub queue_bytes: u64,
     /// Most records written to the store in one batch.
     pub batch_max: usize,
     /// Each record reaches the disk before the agent sees the end of its answer (survives a
@@ -345,6 +350,7 @@ impl Default for Config {
                 completion_lease: Duration::from_secs(60),
                 session_timeout: Duration::from_millis(500),
                 queue_capacity: 8192,
+                queue_bytes: 4 << 20,
                 batch_max: 256,
                 journal_fsync: false,
                 responses_max_bytes: 64 << 20,

@@ -41,6 +41,13 @@ pub struct Position {
     pub end: u64,
 }
 
+impl Position {
+    /// The record's bytes in the journal.
+    pub fn bytes(&self) -> u64 {
+        self.end - self.start
+    }
+}
+
 /// One line of the journal: the writes of one call (or of one handshake, feedback, sweep).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Record {
@@ -214,27 +221,49 @@ impl Journal {
         })
     }
 
-    /// The records of `epoch` between `from` and `to` (the writer's gap), in order. `None` when
-    /// the journal has moved to another epoch (everything of `epoch` was applied).
+    /// The records of `epoch` from `from` on (the writer's gap), in order: those in the next
+    /// `max_bytes` up to `to` (at least one record, however long), and where they end. `None`
+    /// when the journal has moved to another epoch (everything of `epoch` was applied).
     pub fn read(
         &self,
         epoch: u64,
         from: u64,
         to: u64,
-    ) -> Result<Option<Vec<Record>>, JournalError> {
+        max_bytes: u64,
+    ) -> Result<Option<(Vec<Record>, u64)>, JournalError> {
         let tail = self.tail();
         if tail.epoch != epoch {
             return Ok(None);
         }
         let to = to.min(tail.end);
         if to <= from {
-            return Ok(Some(Vec::new()));
+            return Ok(Some((Vec::new(), from)));
         }
-        let mut bytes = vec![0u8; (to - from) as usize];
-        tail.file
-            .read_exact_at(&mut bytes, from)
-            .map_err(|e| self.fail(e))?;
+        let read = |len: u64| -> Result<Vec<u8>, JournalError> {
+            let mut bytes = vec![0u8; len as usize];
+            tail.file
+                .read_exact_at(&mut bytes, from)
+                .map_err(|e| self.fail(e))?;
+            Ok(bytes)
+        };
+        // Whole lines only; a record longer than `max_bytes` is read whole, by doubling reads.
+        let mut len = (to - from).min(max_bytes.max(1));
+        let mut bytes = read(len)?;
+        loop {
+            match bytes.iter().rposition(|&b| b == b'\n') {
+                Some(last) => {
+                    bytes.truncate(last + 1);
+                    break;
+                }
+                None if len == to - from => break,
+                None => {
+                    len = len.saturating_mul(2).min(to - from);
+                    bytes = read(len)?;
+                }
+            }
+        }
         drop(tail);
+        let reached = from + bytes.len() as u64;
         let mut records = Vec::new();
         for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             match serde_json::from_slice::<Record>(line) {
@@ -244,7 +273,7 @@ impl Journal {
                 Err(e) => tracing::error!(error = %e, "skipping an unreadable journal record"),
             }
         }
-        Ok(Some(records))
+        Ok(Some((records, reached)))
     }
 
     /// Persists that everything before `applied` is in the datapool.
@@ -346,7 +375,11 @@ mod tests {
         let positions: Vec<Position> = (0..4).map(|n| journal.append(&[op(n)]).unwrap()).collect();
         assert_eq!(positions[0].start, 0);
         assert_eq!(positions[1].start, positions[0].end);
-        let all = journal.read(0, 0, journal.end().end).unwrap().unwrap();
+        let all = journal
+            .read(0, 0, journal.end().end, u64::MAX)
+            .unwrap()
+            .unwrap()
+            .0;
         assert_eq!(numbers(&all), [0, 1, 2, 3]);
         journal.checkpoint(positions[1].end).unwrap();
         drop(journal);
@@ -356,10 +389,30 @@ mod tests {
         let from = journal.recovered_from();
         assert_eq!(from.start, positions[1].end);
         let left = journal
-            .read(0, from.start, journal.end().end)
+            .read(0, from.start, journal.end().end, u64::MAX)
+            .unwrap()
+            .unwrap()
+            .0;
+        assert_eq!(numbers(&left), [2, 3]);
+    }
+
+    #[test]
+    fn a_bounded_read_returns_whole_records_and_where_they_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), false).unwrap();
+        let positions: Vec<Position> = (0..4).map(|n| journal.append(&[op(n)]).unwrap()).collect();
+        let end = journal.end().end;
+        // Room for one record and a half: one comes back.
+        let (first, reached) = journal
+            .read(0, 0, end, positions[0].bytes() * 3 / 2)
             .unwrap()
             .unwrap();
-        assert_eq!(numbers(&left), [2, 3]);
+        assert_eq!((numbers(&first), reached), (vec![0], positions[0].end));
+        // Less than one record: that record, whole.
+        let (next, reached) = journal.read(0, reached, end, 1).unwrap().unwrap();
+        assert_eq!((numbers(&next), reached), (vec![1], positions[1].end));
+        let (rest, reached) = journal.read(0, reached, end, u64::MAX).unwrap().unwrap();
+        assert_eq!((numbers(&rest), reached), (vec![2, 3], end));
     }
 
     #[test]
@@ -381,7 +434,11 @@ mod tests {
         file.write_all(b"{\"ops\":[{\"op\":\"append_ev").unwrap();
         let journal = Journal::open(dir.path(), false).unwrap();
         journal.append(&[op(1)]).unwrap();
-        let all = journal.read(0, 0, journal.end().end).unwrap().unwrap();
+        let all = journal
+            .read(0, 0, journal.end().end, u64::MAX)
+            .unwrap()
+            .unwrap()
+            .0;
         assert_eq!(numbers(&all), [0, 1]);
     }
 
@@ -400,7 +457,7 @@ mod tests {
         assert_eq!(journal.rotate_if_applied(0, end - 1).unwrap(), None);
         assert_eq!(journal.rotate_if_applied(0, end).unwrap(), Some(1));
         assert_eq!(journal.end().end, 0);
-        assert!(journal.read(0, 0, end).unwrap().is_none());
+        assert!(journal.read(0, 0, end, u64::MAX).unwrap().is_none());
         let at = journal.append(&[op(7)]).unwrap();
         assert_eq!((at.epoch, at.start), (1, 0));
     }

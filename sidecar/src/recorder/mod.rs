@@ -225,6 +225,7 @@ impl Recorder {
         let (queue, rx) = mpsc::channel(config.queue_capacity.max(1));
         let journal = Arc::new(journal::Journal::open(data_dir, config.journal_fsync)?);
         let spilled = Arc::new(Notify::new());
+        let queued_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
         tokio::spawn(
             writer::Writer {
                 store: Arc::clone(&store),
@@ -232,6 +233,8 @@ impl Recorder {
                 spilled: Arc::clone(&spilled),
                 batch_max: config.batch_max.max(1),
                 metrics: Arc::clone(&metrics),
+                queued_bytes: Arc::clone(&queued_bytes),
+                queue_bytes: config.queue_bytes,
             }
             .run(rx),
         );
@@ -262,6 +265,8 @@ impl Recorder {
                 metrics: Arc::clone(&metrics),
                 errors: Arc::new(throttle::LogThrottle::new(Duration::from_secs(5))),
                 completions: reports,
+                queued_bytes,
+                queue_bytes: config.queue_bytes,
             },
             redactor: Redactor::new(&config.redact)?,
             config,

@@ -1,8 +1,11 @@
 //! Where the recorder puts a record: the journal first (so it survives the process), then the
 //! writer's queue (so the writer need not read it back). Never waits: a full queue leaves the
-//! record to the journal alone, and the writer is told to read it from there. The completions of
-//! a journaled record are reported written ([`super::completions`]).
+//! record to the journal alone, and the writer is told to read it from there — and so does a
+//! queue that holds `queue_bytes` of journal lines already, so the parsed backlog's memory is
+//! bounded however far the datapool falls behind. The completions of a journaled record are
+//! reported written ([`super::completions`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +30,10 @@ pub struct Sink {
     pub metrics: Arc<Metrics>,
     pub errors: Arc<LogThrottle>,
     pub completions: Reports,
+    /// Journal bytes of the records in the queue (the writer takes them off as it receives).
+    pub queued_bytes: Arc<AtomicU64>,
+    /// Most journal bytes the queue holds; past it a record is left to the journal.
+    pub queue_bytes: u64,
 }
 
 impl Sink {
@@ -60,17 +67,29 @@ impl Sink {
             }
         };
         let entries = count(&ops);
+        let bytes = at.bytes();
+        if at.epoch != UNJOURNALED
+            && self.queued_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes > self.queue_bytes
+        {
+            self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.metrics.records_spilled.inc();
+            self.spilled.notify_one();
+            return;
+        }
         match self.queue.try_send(Message::Record(ops, at)) {
             Ok(()) => {
                 self.metrics.recorder_queue.inc_by(entries);
             }
             Err(mpsc::error::TrySendError::Full(_)) if at.epoch != UNJOURNALED => {
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
                 self.metrics.records_spilled.inc();
                 self.spilled.notify_one();
             }
             // Closed: the writer stopped (shutdown); a journaled record waits for the next
             // process on this journal.
-            Err(mpsc::error::TrySendError::Closed(_)) if at.epoch != UNJOURNALED => {}
+            Err(mpsc::error::TrySendError::Closed(_)) if at.epoch != UNJOURNALED => {
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            }
             Err(_) => self.dropped("journal_and_queue_failed"),
         }
     }

@@ -11,6 +11,7 @@
 //! A write the store refuses is counted and logged and dropped — a `SpooledStore` has already
 //! kept it through a Redis outage, so a failure here means both Redis and the spool failed.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,10 @@ pub struct Writer {
     pub spilled: Arc<Notify>,
     pub batch_max: usize,
     pub metrics: Arc<Metrics>,
+    /// Journal bytes of the queued records ([`super::sink::Sink::write`] adds them).
+    pub queued_bytes: Arc<AtomicU64>,
+    /// Most journal bytes read back (and held parsed) at once.
+    pub queue_bytes: u64,
 }
 
 impl Writer {
@@ -79,7 +84,12 @@ impl Writer {
                         close = Some(done);
                         break;
                     }
-                    Message::Record(ops, at) => round.push((ops, at)),
+                    Message::Record(ops, at) => {
+                        if at.epoch != super::sink::UNJOURNALED {
+                            self.queued_bytes.fetch_sub(at.bytes(), Ordering::AcqRel);
+                        }
+                        round.push((ops, at));
+                    }
                 }
                 if round.len() < self.batch_max {
                     next = queue.try_recv().ok();
@@ -120,29 +130,32 @@ impl Writer {
     }
 
     /// Applies what the journal holds from `applied` up to `to.start` (or the end, when `to` is
-    /// the journal's end), then records the progress.
+    /// the journal's end), `queue_bytes` of it at a time, recording the progress after each.
     async fn catch_up(&self, applied: &mut Applied, to: Position, errors: &LogThrottle) {
-        if to.epoch != applied.epoch {
-            return;
-        }
-        match self.journal.read(applied.epoch, applied.end, to.start) {
-            Ok(Some(records)) => {
-                if records.is_empty() {
+        while to.epoch == applied.epoch && applied.end < to.start {
+            match self
+                .journal
+                .read(applied.epoch, applied.end, to.start, self.queue_bytes)
+            {
+                Ok(Some((records, reached))) => {
+                    if reached <= applied.end {
+                        return;
+                    }
+                    let mut batch = Batch::default();
+                    for Record { ops } in records {
+                        self.metrics.records_replayed.inc();
+                        ops.into_iter().for_each(|op| batch.add(op));
+                    }
+                    self.apply(batch, errors).await;
+                    applied.end = reached;
+                    self.settle(applied);
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    if let Some(count) = errors.event() {
+                        tracing::error!(error = %e, failed = count, "the recorder's journal cannot be read");
+                    }
                     return;
-                }
-                let mut batch = Batch::default();
-                for Record { ops } in records {
-                    self.metrics.records_replayed.inc();
-                    ops.into_iter().for_each(|op| batch.add(op));
-                }
-                self.apply(batch, errors).await;
-                applied.end = to.start;
-                self.settle(applied);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                if let Some(count) = errors.event() {
-                    tracing::error!(error = %e, failed = count, "the recorder's journal cannot be read");
                 }
             }
         }
