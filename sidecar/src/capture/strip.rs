@@ -2,19 +2,21 @@
 //! the engine would have sent it had the request not been touched.
 //!
 //! Works on one event — a streamed chunk or a whole non-streamed body — as the engine wrote it,
-//! and touches only the fields it puts back: every other value keeps its exact text (numbers are
-//! never parsed and printed again, so a logprob the agent asked for keeps the engine's digits:
-//! `-2.1804921627044678` does not come back as `-2.180492162704468`, nor `-1.2e-05` as `-1.2e-5`),
-//! and key order is kept. An unchanged event is reported as such and forwarded as its original
-//! bytes. The engines write compact JSON (no whitespace between tokens), and so does this.
+//! and touches only the fields it puts back: one scan finds where their values lie, and the
+//! event's bytes are copied with those ranges spliced out (to `null`, or with their key). Every
+//! other byte stays as the engine wrote it (numbers are never parsed and printed again, so a
+//! logprob the agent asked for keeps the engine's digits: `-2.1804921627044678` does not come
+//! back as `-2.180492162704468`, nor `-1.2e-05` as `-1.2e-5`; key order and spacing are kept).
+//! An unchanged event is reported as such and forwarded as its original bytes.
 //!
 //! With ids and logprobs on, vLLM also sends the chunks it holds text back in (an incomplete
 //! UTF-8 sequence, a tool call being parsed): `delta: {}`, no finish. It skips them otherwise, so
 //! when the sidecar asked for both, such a chunk is dropped once its ids are taken out.
 
-use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
 
-use indexmap::IndexMap;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::request::{Injected, Unasked};
@@ -30,8 +32,6 @@ pub enum Stripped {
     Dropped,
 }
 
-type Object<'a> = IndexMap<Cow<'a, str>, Cow<'a, RawValue>>;
-
 /// Puts the fields `injected` names back the way the engine writes them unasked:
 ///
 /// - token ids: top-level `prompt_token_ids` (vLLM chat) and per-choice `prompt_token_ids`
@@ -43,81 +43,332 @@ pub fn strip(event: &[u8], injected: &Injected) -> Stripped {
     if injected.is_empty() {
         return Stripped::Unchanged;
     }
-    let Ok(mut object) = serde_json::from_slice::<Object<'_>>(event) else {
+    let Ok(fields) = serde_json::from_slice::<Fields<'_>>(event) else {
         return Stripped::Unchanged;
     };
-    let mut changed = false;
+    let mut edits = Edits::default();
     if injected.token_ids {
-        changed |= unask(&mut object, "prompt_token_ids", injected.unasked);
+        edits.unask(event, fields.prompt_token_ids, injected.unasked);
     }
-    let mut only_held_back = false;
-    if let Some(raw) = object.get("choices") {
-        let Ok(mut choices) = serde_json::from_str::<Vec<Object<'_>>>(raw.get()) else {
-            return finish(object, changed);
-        };
-        let mut choices_changed = false;
-        for choice in &mut choices {
-            if injected.token_ids {
-                choices_changed |= unask(choice, "prompt_token_ids", injected.unasked);
-                choices_changed |= unask(choice, "token_ids", injected.unasked);
-            }
-            if injected.logprobs {
-                choices_changed |= unask(choice, "logprobs", Unasked::Null);
-            }
+    for choice in &fields.choices {
+        if injected.token_ids {
+            edits.unask(event, choice.prompt_token_ids, injected.unasked);
+            edits.unask(event, choice.token_ids, injected.unasked);
         }
-        only_held_back = injected.token_ids
-            && injected.logprobs
-            && !choices.is_empty()
-            && choices.iter().all(holds_text_back);
-        if choices_changed {
-            match serde_json::to_string(&choices).map(RawValue::from_string) {
-                Ok(Ok(raw)) => {
-                    object.insert(Cow::Borrowed("choices"), Cow::Owned(raw));
-                    changed = true;
-                }
-                _ => return Stripped::Unchanged,
-            }
+        if injected.logprobs {
+            edits.unask(event, choice.logprobs, Unasked::Null);
         }
     }
-    if only_held_back && object.get("usage").is_none_or(|u| u.get() == "null") {
+    let only_held_back = injected.token_ids
+        && injected.logprobs
+        && !fields.choices.is_empty()
+        && fields.choices.iter().all(Choice::holds_text_back);
+    if only_held_back && fields.usage.is_none_or(|u| u.get() == "null") {
         return Stripped::Dropped;
     }
-    finish(object, changed)
-}
-
-fn finish(object: Object<'_>, changed: bool) -> Stripped {
-    if !changed {
-        return Stripped::Unchanged;
-    }
-    match serde_json::to_vec(&object) {
-        Ok(bytes) => Stripped::Rewritten(bytes),
-        Err(_) => Stripped::Unchanged,
+    match edits.apply(event) {
+        Some(bytes) => Stripped::Rewritten(bytes),
+        None => Stripped::Unchanged,
     }
 }
 
-/// A streamed choice that says nothing: an empty `delta` and no finish (vLLM's chunk for tokens
-/// whose text it holds back).
-fn holds_text_back(choice: &Object<'_>) -> bool {
-    let empty_delta = choice.get("delta").is_some_and(|d| d.get() == "{}");
-    let unfinished = choice
-        .get("finish_reason")
-        .is_none_or(|f| f.get() == "null");
-    empty_delta && unfinished
+/// The byte ranges of an event to replace, in any order.
+#[derive(Default)]
+struct Edits {
+    /// A range and what goes in its place.
+    ranges: Vec<(Range<usize>, &'static str)>,
+    /// A key was found where it could not be cut out exactly: leave the event alone.
+    failed: bool,
 }
 
-/// Puts `key` back the way the engine writes it unasked; `true` when that changed something.
-fn unask(object: &mut Object<'_>, key: &str, unasked: Unasked) -> bool {
-    match (object.get(key), unasked) {
-        (None, _) => false,
-        (Some(raw), Unasked::Null) if raw.get() == "null" => false,
-        (Some(_), Unasked::Null) => {
-            if let Ok(null) = RawValue::from_string("null".to_owned()) {
-                object.insert(Cow::Owned(key.to_owned()), Cow::Owned(null));
-            }
-            true
+impl Edits {
+    /// Puts the value `raw` (a slice of `event`) back the way the engine writes it unasked.
+    fn unask(&mut self, event: &[u8], raw: Option<&RawValue>, unasked: Unasked) {
+        let Some(raw) = raw else { return };
+        let value = span(event, raw);
+        match unasked {
+            Unasked::Null if raw.get() == "null" => {}
+            Unasked::Null => self.ranges.push((value, "null")),
+            Unasked::Absent => match member(event, value) {
+                Some(member) => self.ranges.push((member, "")),
+                None => self.failed = true,
+            },
         }
-        // `shift_remove` keeps the order of the keys after it.
-        (Some(_), Unasked::Absent) => object.shift_remove(key).is_some(),
+    }
+
+    /// The event with the edits made; `None` when there are none (or one cannot be made).
+    fn apply(mut self, event: &[u8]) -> Option<Vec<u8>> {
+        if self.ranges.is_empty() || self.failed {
+            return None;
+        }
+        self.ranges.sort_by_key(|(range, _)| range.start);
+        let mut out = Vec::with_capacity(event.len());
+        let mut at = 0;
+        for (range, with) in self.ranges {
+            if range.start < at {
+                // Overlapping edits cannot come from one parse of well-formed JSON.
+                return None;
+            }
+            out.extend_from_slice(&event[at..range.start]);
+            out.extend_from_slice(with.as_bytes());
+            at = range.end;
+        }
+        out.extend_from_slice(&event[at..]);
+        Some(out)
+    }
+}
+
+/// Where `raw`, borrowed from `event` by the parse, lies in it.
+fn span(event: &[u8], raw: &RawValue) -> Range<usize> {
+    let start = raw.get().as_ptr() as usize - event.as_ptr() as usize;
+    start..start + raw.get().len()
+}
+
+/// The bytes to cut so that the member whose value lies at `value` is gone and the object stays
+/// well-formed: its key, colon and value with the comma before it (or, for the first member, the
+/// comma after it). Keys are found by walking back from the value; the engines' keys carry no
+/// escapes, so one that does is not cut (`None`).
+fn member(event: &[u8], value: Range<usize>) -> Option<Range<usize>> {
+    let skip_back = |mut i: usize| {
+        while i > 0 && event[i - 1].is_ascii_whitespace() {
+            i -= 1;
+        }
+        i
+    };
+    let colon = skip_back(value.start);
+    if colon == 0 || event[colon - 1] != b':' {
+        return None;
+    }
+    let key_end = skip_back(colon - 1);
+    if key_end == 0 || event[key_end - 1] != b'"' {
+        return None;
+    }
+    let open = event[..key_end - 1].iter().rposition(|&b| b == b'"')?;
+    if event[open + 1..key_end - 1].contains(&b'\\') {
+        return None;
+    }
+    let before = skip_back(open);
+    match event.get(before.checked_sub(1)?)? {
+        b',' => Some(before - 1..value.end),
+        b'{' => {
+            let mut end = value.end;
+            while event.get(end).is_some_and(u8::is_ascii_whitespace) {
+                end += 1;
+            }
+            match event.get(end) {
+                Some(b',') => Some(open..end + 1),
+                _ => Some(open..value.end),
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The members of an event the strip looks at, each as the raw text it has in the event (`null`
+/// included: a present `null` is not an absent key). Others are skipped unparsed; a repeated
+/// key counts by its last value, as in a map.
+#[derive(Default)]
+struct Fields<'a> {
+    prompt_token_ids: Option<&'a RawValue>,
+    usage: Option<&'a RawValue>,
+    /// The objects of `choices`; empty when it is not an array.
+    choices: Vec<Choice<'a>>,
+}
+
+#[derive(Default)]
+struct Choice<'a> {
+    prompt_token_ids: Option<&'a RawValue>,
+    token_ids: Option<&'a RawValue>,
+    logprobs: Option<&'a RawValue>,
+    delta: Option<&'a RawValue>,
+    finish_reason: Option<&'a RawValue>,
+}
+
+impl Choice<'_> {
+    /// A streamed choice that says nothing: an empty `delta` and no finish (vLLM's chunk for
+    /// tokens whose text it holds back).
+    fn holds_text_back(&self) -> bool {
+        let empty_delta = self.delta.is_some_and(|d| d.get() == "{}");
+        let unfinished = self.finish_reason.is_none_or(|f| f.get() == "null");
+        empty_delta && unfinished
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(FieldsVisitor)
+    }
+}
+
+struct FieldsVisitor;
+
+impl<'de> Visitor<'de> for FieldsVisitor {
+    type Value = Fields<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an event object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields::default();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "prompt_token_ids" => fields.prompt_token_ids = Some(map.next_value()?),
+                "usage" => fields.usage = Some(map.next_value()?),
+                "choices" => fields.choices = map.next_value::<Choices<'de>>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(fields)
+    }
+}
+
+/// `choices`: its objects, or none when it is anything else.
+struct Choices<'a>(Vec<Choice<'a>>);
+
+impl<'de> de::Deserialize<'de> for Choices<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ChoicesVisitor)
+    }
+}
+
+struct ChoicesVisitor;
+
+impl<'de> Visitor<'de> for ChoicesVisitor {
+    type Value = Choices<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("choices")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut choices = Vec::new();
+        while let Some(choice) = seq.next_element_seed(ChoiceSeed)? {
+            choices.extend(choice);
+        }
+        Ok(Choices(choices))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Choices(Vec::new()))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Choices(Vec::new()))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Choices(Vec::new()))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Choices(Vec::new()))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Choices(Vec::new()))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Choices(Vec::new()))
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Choices(Vec::new()))
+    }
+}
+
+/// One element of `choices`: `Some` for an object, `None` (skipped) for anything else.
+struct ChoiceSeed;
+
+impl<'de> DeserializeSeed<'de> for ChoiceSeed {
+    type Value = Option<Choice<'de>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(ChoiceVisitor)
+    }
+}
+
+struct ChoiceVisitor;
+
+impl<'de> Visitor<'de> for ChoiceVisitor {
+    type Value = Option<Choice<'de>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a choice")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut choice = Choice::default();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            let slot = match key.0.as_ref() {
+                "prompt_token_ids" => &mut choice.prompt_token_ids,
+                "token_ids" => &mut choice.token_ids,
+                "logprobs" => &mut choice.logprobs,
+                "delta" => &mut choice.delta,
+                "finish_reason" => &mut choice.finish_reason,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            *slot = Some(map.next_value()?);
+        }
+        Ok(Some(choice))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+/// A member's key, borrowed unless it holds escapes.
+struct Key<'a>(std::borrow::Cow<'a, str>);
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(v.into()))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(v.to_owned().into()))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
@@ -174,6 +425,40 @@ mod tests {
         assert_eq!(
             rewritten(body, &injected),
             r#"{"choices":[{"index":0,"logprobs":null,"finish_reason":"stop"}]}"#
+        );
+    }
+
+    #[test]
+    fn keys_are_cut_out_with_their_comma_wherever_they_stand_and_spacing_is_kept() {
+        let injected = Injected {
+            unasked: Unasked::Absent,
+            ..BOTH
+        };
+        // First member, last member, pretty-printed.
+        let body = "{\n  \"token_ids\": [2],\n  \"index\": 0 ,\n  \"prompt_token_ids\" : [1]\n}";
+        let event = format!(r#"{{"choices": [{body}], "id": "x"}}"#);
+        assert_eq!(
+            rewritten(&event, &injected),
+            "{\"choices\": [{\n  \n  \"index\": 0 \n}], \"id\": \"x\"}"
+        );
+        // The only member.
+        assert_eq!(
+            rewritten(r#"{"choices":[{"token_ids":[2]}]}"#, &injected),
+            r#"{"choices":[{}]}"#
+        );
+    }
+
+    #[test]
+    fn choices_that_are_not_objects_are_left_as_they_are() {
+        let event = r#"{"prompt_token_ids":[1],"choices":[1,"a",null,[{"token_ids":[2]}],{"token_ids":[3]}]}"#;
+        assert_eq!(
+            rewritten(event, &BOTH),
+            r#"{"prompt_token_ids":null,"choices":[1,"a",null,[{"token_ids":[2]}],{"token_ids":null}]}"#
+        );
+        let odd = r#"{"choices":"none","prompt_token_ids":[1]}"#;
+        assert_eq!(
+            rewritten(odd, &BOTH),
+            r#"{"choices":"none","prompt_token_ids":null}"#
         );
     }
 
