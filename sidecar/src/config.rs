@@ -179,10 +179,10 @@ pub struct Recording {
     /// Records the writer holds parsed in memory; every record is in the journal
     /// ([`crate::recorder::journal`]) anyway, so past this the writer reads it back from there.
     pub queue_capacity: usize,
-    /// Journal bytes the writer holds parsed in memory, all records together (a parsed record
-    /// takes about twice its journal line): past it, as past `queue_capacity`, the writer reads
-    /// records back from the journal. Bounds the recorder's memory when the datapool is slower
-    /// than the traffic.
+    /// Journal bytes of the records the writer's queue holds parsed in memory, all together:
+    /// past it, as past `queue_capacity`, the writer reads records back from the journal (this
+    /// much at a time). Bounds the recorder's memory when the datapool is slower than the
+    /// traffic.
     pub queue_bytes: u64,
     /// Most records written to the store in one batch.
     pub batch_max: usize,

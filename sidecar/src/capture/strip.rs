@@ -225,6 +225,30 @@ impl<'de> Visitor<'de> for FieldsVisitor {
     }
 }
 
+/// A visitor's answer to any JSON scalar (`null`, a boolean, a number, a string).
+macro_rules! scalars_are {
+    ($value:expr) => {
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
 /// `choices`: its objects, or none when it is anything else.
 struct Choices<'a>(Vec<Choice<'a>>);
 
@@ -256,29 +280,7 @@ impl<'de> Visitor<'de> for ChoicesVisitor {
         Ok(Choices(Vec::new()))
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Choices(Vec::new()))
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Choices(Vec::new()))
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Choices(Vec::new()))
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Choices(Vec::new()))
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Choices(Vec::new()))
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Choices(Vec::new()))
-    }
+    scalars_are!(Choices(Vec::new()));
 }
 
 /// One element of `choices`: `Some` for an object, `None` (skipped) for anything else.
@@ -325,29 +327,7 @@ impl<'de> Visitor<'de> for ChoiceVisitor {
         Ok(None)
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
+    scalars_are!(None);
 }
 
 /// A member's key, borrowed unless it holds escapes.
