@@ -16,7 +16,9 @@
 use std::fmt;
 use std::ops::Range;
 
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::request::{Injected, Unasked};
@@ -165,22 +167,30 @@ fn member(event: &[u8], value: Range<usize>) -> Option<Range<usize>> {
 }
 
 /// The members of an event the strip looks at, each as the raw text it has in the event (`null`
-/// included: a present `null` is not an absent key). Others are skipped unparsed; a repeated
-/// key counts by its last value, as in a map.
-#[derive(Default)]
+/// included: a present `null` is not an absent key). Others are skipped unparsed; an event that
+/// repeats one of these keys is left alone (no engine writes one).
+#[derive(Deserialize)]
 struct Fields<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
     prompt_token_ids: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
     usage: Option<&'a RawValue>,
     /// The objects of `choices`; empty when it is not an array.
+    #[serde(default, borrow, deserialize_with = "choices")]
     choices: Vec<Choice<'a>>,
 }
 
-#[derive(Default)]
+#[derive(Deserialize)]
 struct Choice<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
     prompt_token_ids: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
     token_ids: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
     logprobs: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
     delta: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
     finish_reason: Option<&'a RawValue>,
 }
 
@@ -194,36 +204,19 @@ impl Choice<'_> {
     }
 }
 
-impl<'de> de::Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(FieldsVisitor)
-    }
+/// A member that is there, `null` or not (`Option`'s own reading would make `null` absent).
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(deserializer).map(Some)
 }
 
-struct FieldsVisitor;
-
-impl<'de> Visitor<'de> for FieldsVisitor {
-    type Value = Fields<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an event object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::default();
-        while let Some(key) = map.next_key::<Key<'de>>()? {
-            match key.0.as_ref() {
-                "prompt_token_ids" => fields.prompt_token_ids = Some(map.next_value()?),
-                "usage" => fields.usage = Some(map.next_value()?),
-                "choices" => fields.choices = map.next_value::<Choices<'de>>()?.0,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(fields)
-    }
+/// `choices`: its objects, or none when it is anything else.
+fn choices<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Choice<'de>>, D::Error> {
+    deserializer.deserialize_any(ObjectsOf)
 }
+
+/// Reads an array's objects as [`Choice`]s, skipping its other elements; anything but an array
+/// reads as no choice.
+struct ObjectsOf;
 
 /// A visitor's answer to any JSON scalar (`null`, a boolean, a number, a string).
 macro_rules! scalars_are {
@@ -249,19 +242,8 @@ macro_rules! scalars_are {
     };
 }
 
-/// `choices`: its objects, or none when it is anything else.
-struct Choices<'a>(Vec<Choice<'a>>);
-
-impl<'de> de::Deserialize<'de> for Choices<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ChoicesVisitor)
-    }
-}
-
-struct ChoicesVisitor;
-
-impl<'de> Visitor<'de> for ChoicesVisitor {
-    type Value = Choices<'de>;
+impl<'de> Visitor<'de> for ObjectsOf {
+    type Value = Vec<Choice<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("choices")
@@ -269,87 +251,48 @@ impl<'de> Visitor<'de> for ChoicesVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut choices = Vec::new();
-        while let Some(choice) = seq.next_element_seed(ChoiceSeed)? {
+        while let Some(choice) = seq.next_element_seed(Element)? {
             choices.extend(choice);
         }
-        Ok(Choices(choices))
+        Ok(choices)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Choices(Vec::new()))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        IgnoredAny::deserialize(MapAccessDeserializer::new(map))?;
+        Ok(Vec::new())
     }
 
-    scalars_are!(Choices(Vec::new()));
+    scalars_are!(Vec::new());
 }
 
 /// One element of `choices`: `Some` for an object, `None` (skipped) for anything else.
-struct ChoiceSeed;
+struct Element;
 
-impl<'de> DeserializeSeed<'de> for ChoiceSeed {
+impl<'de> DeserializeSeed<'de> for Element {
     type Value = Option<Choice<'de>>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(ChoiceVisitor)
+        deserializer.deserialize_any(self)
     }
 }
 
-struct ChoiceVisitor;
-
-impl<'de> Visitor<'de> for ChoiceVisitor {
+impl<'de> Visitor<'de> for Element {
     type Value = Option<Choice<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a choice")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut choice = Choice::default();
-        while let Some(key) = map.next_key::<Key<'de>>()? {
-            let slot = match key.0.as_ref() {
-                "prompt_token_ids" => &mut choice.prompt_token_ids,
-                "token_ids" => &mut choice.token_ids,
-                "logprobs" => &mut choice.logprobs,
-                "delta" => &mut choice.delta,
-                "finish_reason" => &mut choice.finish_reason,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            *slot = Some(map.next_value()?);
-        }
-        Ok(Some(choice))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Choice::deserialize(MapAccessDeserializer::new(map)).map(Some)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        IgnoredAny::deserialize(SeqAccessDeserializer::new(seq))?;
         Ok(None)
     }
 
     scalars_are!(None);
-}
-
-/// A member's key, borrowed unless it holds escapes.
-struct Key<'a>(std::borrow::Cow<'a, str>);
-
-impl<'de> de::Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Key(v.into()))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Key(v.to_owned().into()))
-            }
-        }
-        deserializer.deserialize_str(KeyVisitor)
-    }
 }
 
 #[cfg(test)]
