@@ -67,31 +67,39 @@ impl Sink {
             }
         };
         let entries = count(&ops);
+        // An unjournaled record takes no bytes: it always has room (it exists nowhere else).
         let bytes = at.bytes();
-        if at.epoch != UNJOURNALED
-            && self.queued_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes > self.queue_bytes
-        {
-            self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
-            self.metrics.records_spilled.inc();
-            self.spilled.notify_one();
-            return;
-        }
-        match self.queue.try_send(Message::Record(ops, at)) {
+        let message = Message::Record(ops, at);
+        let sent = if self.reserve(bytes) {
+            self.queue.try_send(message).inspect_err(|_| {
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            })
+        } else {
+            Err(mpsc::error::TrySendError::Full(message))
+        };
+        match sent {
             Ok(()) => {
                 self.metrics.recorder_queue.inc_by(entries);
             }
             Err(mpsc::error::TrySendError::Full(_)) if at.epoch != UNJOURNALED => {
-                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
                 self.metrics.records_spilled.inc();
                 self.spilled.notify_one();
             }
             // Closed: the writer stopped (shutdown); a journaled record waits for the next
             // process on this journal.
-            Err(mpsc::error::TrySendError::Closed(_)) if at.epoch != UNJOURNALED => {
-                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
-            }
+            Err(mpsc::error::TrySendError::Closed(_)) if at.epoch != UNJOURNALED => {}
             Err(_) => self.dropped("journal_and_queue_failed"),
         }
+    }
+
+    /// Takes `bytes` of the queue's `queue_bytes`; `false` (taking none) when they do not fit.
+    fn reserve(&self, bytes: u64) -> bool {
+        let before = self.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+        if before + bytes > self.queue_bytes && bytes > 0 {
+            self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            return false;
+        }
+        true
     }
 
     pub fn dropped(&self, reason: &'static str) {

@@ -85,9 +85,7 @@ impl Writer {
                         break;
                     }
                     Message::Record(ops, at) => {
-                        if at.epoch != super::sink::UNJOURNALED {
-                            self.queued_bytes.fetch_sub(at.bytes(), Ordering::AcqRel);
-                        }
+                        self.queued_bytes.fetch_sub(at.bytes(), Ordering::AcqRel);
                         round.push((ops, at));
                     }
                 }
