@@ -5,7 +5,7 @@ CLAWBACK_CACHE="${CLAWBACK_CACHE:-$HOME/.cache/clawback}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CLAWBACK_CACHE ROOT
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+say() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 ensure_rust() {
     if ! command -v cargo >/dev/null 2>&1; then
