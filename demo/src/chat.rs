@@ -8,15 +8,28 @@ use serde_json::{json, Value};
 
 use crate::BASE_MODEL;
 
-/// Tokens per reply: a short phrase and its end.
+/// Tokens per reply of the tiny model: a short phrase and its end.
 pub const MAX_TOKENS: u32 = 20;
 
-/// How the users' and the probes' calls are sampled: a tiny byte-level model sampled at
-/// temperature 1 strays from its phrases every few letters; a cooler, truncated sampler
-/// answers with what it learned, as a served model does with its generation defaults. The
-/// trainer scores each token under this sampler (it is recorded with the step).
-pub const TEMPERATURE: f64 = 0.6;
-pub const TOP_P: f64 = 0.9;
+/// How a call is sampled. The trainer scores each token under the sampler that drew it (it is
+/// recorded with the step).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Sampling {
+    pub max_tokens: u32,
+    pub temperature: f64,
+    pub top_p: f64,
+}
+
+impl Sampling {
+    /// The tiny model's users and probes: a tiny byte-level model sampled at temperature 1
+    /// strays from its phrases every few letters; a cooler, truncated sampler answers with what
+    /// it learned, as a served model does with its generation defaults.
+    pub const TINY: Sampling = Sampling {
+        max_tokens: MAX_TOKENS,
+        temperature: 0.6,
+        top_p: 0.9,
+    };
+}
 
 /// What the engine answered.
 #[derive(Debug, Clone)]
@@ -37,25 +50,25 @@ impl Reply {
 }
 
 /// `POST {base_url}/chat/completions` (an OpenAI base URL, `http://sidecar/v1`) with
-/// `messages`, sampled at [`TEMPERATURE`] and [`TOP_P`], and `headers`; the error as the
-/// caller saw it.
+/// `messages`, sampled as `sampling` says, and `headers`; the error as the caller saw it.
 pub async fn complete(
     client: &reqwest::Client,
     base_url: &str,
     key: &str,
     messages: &[Value],
+    sampling: Sampling,
     headers: &[(&str, &str)],
 ) -> Result<Reply, String> {
     let mut request = client
         .post(format!("{base_url}/chat/completions"))
         .bearer_auth(key)
-        .timeout(Duration::from_secs(120))
+        .timeout(Duration::from_secs(600))
         .json(&json!({
             "model": BASE_MODEL,
             "messages": messages,
-            "max_tokens": MAX_TOKENS,
-            "temperature": TEMPERATURE,
-            "top_p": TOP_P,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
         }));
     for (name, value) in headers {
         request = request.header(*name, *value);

@@ -99,6 +99,26 @@ impl RunDir {
     }
 }
 
+/// Puts the files of the model folder `from` (flat) into `to`: hard links where both are on one
+/// file system (a real model's weights are hundreds of megabytes, and nothing writes to them),
+/// else copies.
+pub fn link_model(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
+        let target = to.join(entry.file_name());
+        let _ = std::fs::remove_file(&target);
+        if std::fs::hard_link(entry.path(), &target).is_err() {
+            std::fs::copy(entry.path(), &target)
+                .with_context(|| format!("copying {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// A TOML basic string (JSON's escaping is a subset of TOML's).
 fn quoted(text: &str) -> String {
     serde_json::Value::String(text.to_owned()).to_string()
@@ -184,6 +204,8 @@ pub struct Training {
     pub opd_clip: f64,
     /// How long a step waits for `samples_per_step` before it takes fewer.
     pub max_wait: &'static str,
+    /// libtorch's threads in the trainer.
+    pub threads: u32,
 }
 
 /// The trainer's config: every tenant's adapter from the sidecars' datapool, a checkpoint (and
@@ -197,7 +219,7 @@ pub fn trainer_toml(w: &Wiring<'_>, sidecars: &[String], training: &Training) ->
     let mut toml = format!(
         r#"model = {model}
 device = "cpu"
-threads = 1
+threads = {threads}
 datapool = {datapool}
 tenants = [{tenants}]
 poll_interval = "100ms"
@@ -257,6 +279,7 @@ url = {backend}
         alpha = 2.0 * f64::from(training.rank),
         lr = training.lr,
         group = training.samples_per_step,
+        threads = training.threads,
         rl_weight = training.rl_weight,
         opd_weight = training.opd_weight,
         opd_clip = training.opd_clip,

@@ -18,11 +18,14 @@ pub mod chat;
 pub mod engine;
 pub mod feedback;
 pub mod files;
+pub mod form;
 pub mod groups;
+pub mod personal;
 pub mod processes;
 pub mod report;
 pub mod stack;
 pub mod style;
+pub mod taste;
 pub mod teach;
 pub mod trainer_log;
 
@@ -31,6 +34,7 @@ use std::time::Duration;
 
 pub use engine::{Backend, Engine};
 use style::Case;
+use taste::Taste;
 
 /// The base model's name in requests, as the backend serves it and the sidecars route it.
 pub const BASE_MODEL: &str = "tiny-demo";
@@ -64,10 +68,26 @@ pub struct Common {
 pub struct DemoTenant {
     pub name: String,
     pub key: String,
-    pub prefers: Case,
+    pub prefers: Taste,
     /// What its agents and users ask.
     pub prompts: &'static [&'static str],
+    /// What the probes that measure it ask: questions its users never ask where there are
+    /// enough of them (the real model's), else its prompts (a tiny model knows only those).
+    pub probes: &'static [&'static str],
 }
+
+const LOUD: &[&str] = &[
+    "Announce the launch.",
+    "Write a headline about the weather.",
+    "Name a city.",
+    "Say hello to the team.",
+];
+const QUIET: &[&str] = &[
+    "Whisper a greeting.",
+    "Describe the sea softly.",
+    "Name a flower.",
+    "Say goodnight.",
+];
 
 impl DemoTenant {
     /// The two tenants, one fond of UPPERCASE and one of lowercase; with `suffix` (a Redis run),
@@ -81,24 +101,16 @@ impl DemoTenant {
             DemoTenant {
                 name: name("loud"),
                 key: format!("sk-demo-loud-{}", suffix.unwrap_or("local")),
-                prefers: Case::Upper,
-                prompts: &[
-                    "Announce the launch.",
-                    "Write a headline about the weather.",
-                    "Name a city.",
-                    "Say hello to the team.",
-                ],
+                prefers: Taste::Case(Case::Upper),
+                prompts: LOUD,
+                probes: LOUD,
             },
             DemoTenant {
                 name: name("quiet"),
                 key: format!("sk-demo-quiet-{}", suffix.unwrap_or("local")),
-                prefers: Case::Lower,
-                prompts: &[
-                    "Whisper a greeting.",
-                    "Describe the sea softly.",
-                    "Name a flower.",
-                    "Say goodnight.",
-                ],
+                prefers: Taste::Case(Case::Lower),
+                prompts: QUIET,
+                probes: QUIET,
             },
         ]
     }

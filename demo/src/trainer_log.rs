@@ -101,6 +101,14 @@ impl TrainerLog {
         self.steps.iter().filter(move |s| s.tenant == tenant)
     }
 
+    /// Publishes of `tenant`'s versions, live or failed.
+    pub fn publishes_of(&self, tenant: &str) -> u64 {
+        self.publishes
+            .iter()
+            .filter(|p| p.tenant.as_str() == tenant)
+            .count() as u64
+    }
+
     /// Versions that went live.
     pub fn live_publishes(&self) -> impl Iterator<Item = &PublishReport> {
         self.publishes.iter().filter(|p| p.error.is_none())

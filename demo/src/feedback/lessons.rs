@@ -10,8 +10,8 @@ use rand::seq::IndexedRandom;
 use rand::Rng;
 use serde_json::json;
 
-use super::user::corrections;
 use crate::style::Case;
+use crate::taste::Taste;
 use crate::teach::{Lesson, Stage, REPLIES, SYSTEM};
 
 /// Ways of asking for `case` at the end of a question: how hints read once a plugin has turned
@@ -136,7 +136,11 @@ fn user_message(
     match rng.random_range(0..4) {
         0 => {
             let wanted = case(rng);
-            let correction = corrections(wanted).choose(rng).copied().unwrap_or_default();
+            let correction = Taste::Case(wanted)
+                .corrections()
+                .choose(rng)
+                .copied()
+                .unwrap_or_default();
             (correction.to_owned(), Some(wanted))
         }
         1 => {

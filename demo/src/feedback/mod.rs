@@ -1,10 +1,12 @@
-//! The feedback scenario: OpenClaw-RL's loop, end to end. Two tenants, each a simulated user
-//! holding long multi-turn sessions with opposite tastes ([`user`]); no groups, no handshake —
+//! The feedback loop: OpenClaw-RL's loop, end to end — the `feedback` scenario on the tiny
+//! taught model and the `personal` one on a real model ([`crate::personal`]). Two tenants, each
+//! a simulated user holding long multi-turn sessions with opposite tastes ([`user`]); no
+//! groups, no handshake —
 //! plain chat calls the sidecars stitch. The signal is the user's next message: the
 //! `user_feedback` plugin gives the previous turn −1 (a correction) or +1 (thanks, moving on),
 //! and `correction_hint` turns a correction into a one-sentence directive hint. The trainer
 //! learns from them in one of three arms — binary RL only, hint distillation (OPD) only, both
-//! — each run on its own stack from the same taught base model, with the same users' seeds.
+//! — each run on its own stack from the same base model, with the same users' seeds.
 //! Probes measure each tenant's preferred-style rate *with no hint in the context* before the
 //! arm and after its optimizer steps; a chart draws the rate over optimizer steps, one line
 //! per arm.
@@ -16,6 +18,7 @@ mod summary;
 pub mod user;
 mod workload;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -23,12 +26,14 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 pub use summary::Summary;
-pub use workload::Schedule;
+pub use workload::{Pacing, Schedule};
 
 use clawback_trainer::tiny_model::TinyModel;
 
 use crate::chart::{self, Chart, Line, Panel};
-use crate::files::{Plugin, RunDir, Training};
+use crate::chat::Sampling;
+use crate::engine::Served;
+use crate::files::{self, Plugin, RunDir, Training};
 use crate::stack::{Stack, StackSpec};
 use crate::{all_prompts, say, teach, Common, DemoTenant};
 use summary::ArmSummary;
@@ -70,15 +75,47 @@ impl Arm {
     }
 }
 
-/// What the feedback scenario is asked to do.
+/// How the simulated users talk to the model: the system message every conversation opens with
+/// (none: the model's chat template has its own default) and how its replies are sampled.
+#[derive(Debug, Clone, Copy)]
+pub struct Talk {
+    pub system: Option<&'static str>,
+    pub sampling: Sampling,
+}
+
+/// The base model every arm starts from.
+#[derive(Debug, Clone)]
+pub enum Base {
+    /// The tiny random model, taught on the spot: conversations and optimizer steps.
+    Taught { lessons: usize, steps: u64 },
+    /// A real pretrained model's HF folder, linked into each run (never written to).
+    Pretrained { dir: PathBuf, name: String },
+}
+
+/// The trainer's knobs that differ between a tiny and a real model.
+#[derive(Debug, Clone, Copy)]
+pub struct Knobs {
+    pub rank: u32,
+    /// The clamp of the distillation advantage, in nats.
+    pub opd_clip: f64,
+    /// libtorch threads in the trainer.
+    pub threads: u32,
+}
+
+/// What the feedback loop is asked to do.
 #[derive(Debug, Clone)]
 pub struct FeedbackOptions {
     pub common: Common,
+    /// The scenario's name, for the narration and the summary (`feedback`, `personal`).
+    pub scenario: &'static str,
     pub arms: Vec<Arm>,
     pub schedule: Schedule,
-    /// Conversations and optimizer steps that teach the base model.
-    pub lessons: usize,
-    pub teach_steps: u64,
+    pub base: Base,
+    /// The two tenants, named for a run (and an arm) on Redis: see [`DemoTenant::pair`].
+    pub tenants: fn(Option<&str>) -> [DemoTenant; 2],
+    pub talk: Talk,
+    pub pacing: Pacing,
+    pub knobs: Knobs,
 }
 
 /// Runs every arm and returns the summary (also written to `summary.json`, with the chart
@@ -86,7 +123,7 @@ pub struct FeedbackOptions {
 pub fn run(options: &FeedbackOptions) -> Result<Summary> {
     let common = &options.common;
     if options.arms.is_empty() || options.schedule.sessions < 1 || options.schedule.turns < 2 {
-        bail!("the feedback scenario needs an arm, --sessions ≥ 1 and --turns ≥ 2");
+        bail!("the feedback loop needs an arm, --sessions ≥ 1 and --turns ≥ 2");
     }
     let started = Instant::now();
     let run = RunDir::create(&common.dir)?;
@@ -95,42 +132,19 @@ pub fn run(options: &FeedbackOptions) -> Result<Summary> {
         .redis
         .as_ref()
         .map(|_| format!("{:x}", std::process::id()));
-    let tenants = DemoTenant::pair(suffix.as_deref());
-    // Narrower random weights than the group scenario's: a tiny model learns to follow a
-    // request from them (with the wider ones it mostly does not, measured over seeds).
-    TinyModel {
-        init_std: 0.15,
-        ..common.engine.tiny_model(common.seed as i64)
-    }
-    .write(&run.model())?;
-    let prompts = all_prompts(&tenants);
-    let mut rng = StdRng::seed_from_u64(common.seed);
-    let history = options.schedule.turns as usize - 1;
-    let stages = lessons::curriculum(
-        &prompts,
-        options.lessons,
-        history,
-        options.teach_steps,
-        &mut rng,
-    );
-    let held_out = lessons::lessons(&prompts, HELD_OUT, history, &mut rng);
-    let taught = teach::teach(&run.model(), &stages, &held_out, common.seed)?;
-    let [lower, upper, title] = taught.mass.free;
-    say(&format!(
-        "taught the tiny model to answer in lower, UPPER or Title case, and in the case a request \
-         in the last user message asks for: {} steps in {:.1} s, loss {:.3}; on {HELD_OUT} \
-         conversations it never saw, asked for a case it gives it {:.0}% of its probability, \
-         asked for nothing lower {:.0}% / UPPER {:.0}% / Title {:.0}%",
-        taught.steps,
-        taught.seconds,
-        taught.loss,
-        100.0 * taught.mass.asked.unwrap_or(0.0),
-        100.0 * lower,
-        100.0 * upper,
-        100.0 * title,
-    ));
+    let tenants = (options.tenants)(suffix.as_deref());
+    let taught = match &options.base {
+        Base::Taught { lessons, steps } => {
+            Some(teach_tiny(options, &run, &tenants, *lessons, *steps)?)
+        }
+        Base::Pretrained { dir, name } => {
+            files::link_model(dir, &run.model())?;
+            say(&format!("base model: {name} ({})", dir.display()));
+            None
+        }
+    };
     if options.schedule.rounds == 0 {
-        say("--rounds 0: taught and measured the base model only");
+        say("--rounds 0: measured the base model only");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -146,15 +160,21 @@ pub fn run(options: &FeedbackOptions) -> Result<Summary> {
     for &arm in arms_to_run {
         // A Redis run gives each arm tenants of its own: one arm never trains on another's data.
         let tenants = match &suffix {
-            Some(suffix) => DemoTenant::pair(Some(&format!("{suffix}-{}", arm.name()))),
+            Some(suffix) => (options.tenants)(Some(&format!("{suffix}-{}", arm.name()))),
             None => tenants.clone(),
         };
         arms.push(run_arm(options, &run, arm, &tenants, &runtime)?);
     }
     let summary = Summary {
+        scenario: options.scenario,
         engine: common.engine.describe(),
+        model: match &options.base {
+            Base::Taught { .. } => "a tiny random model taught on the spot".to_owned(),
+            Base::Pretrained { name, .. } => name.clone(),
+        },
         seconds: started.elapsed().as_secs_f64(),
         schedule: options.schedule,
+        sampling: options.talk.sampling,
         teaching: taught,
         arms,
     };
@@ -171,7 +191,47 @@ pub fn run(options: &FeedbackOptions) -> Result<Summary> {
     Ok(summary)
 }
 
-/// One arm on a stack of its own, from a copy of the taught model.
+/// Writes the tiny model into the run and teaches it its three cases and to follow a request
+/// for one in the last user message.
+fn teach_tiny(
+    options: &FeedbackOptions,
+    run: &RunDir,
+    tenants: &[DemoTenant],
+    lessons: usize,
+    steps: u64,
+) -> Result<teach::Taught> {
+    let common = &options.common;
+    // Narrower random weights than the group scenario's: a tiny model learns to follow a
+    // request from them (with the wider ones it mostly does not, measured over seeds).
+    TinyModel {
+        init_std: 0.15,
+        ..common.engine.tiny_model(common.seed as i64)
+    }
+    .write(&run.model())?;
+    let prompts = all_prompts(tenants);
+    let mut rng = StdRng::seed_from_u64(common.seed);
+    let history = options.schedule.turns as usize - 1;
+    let stages = lessons::curriculum(&prompts, lessons, history, steps, &mut rng);
+    let held_out = lessons::lessons(&prompts, HELD_OUT, history, &mut rng);
+    let taught = teach::teach(&run.model(), &stages, &held_out, common.seed)?;
+    let [lower, upper, title] = taught.mass.free;
+    say(&format!(
+        "taught the tiny model to answer in lower, UPPER or Title case, and in the case a request \
+         in the last user message asks for: {} steps in {:.1} s, loss {:.3}; on {HELD_OUT} \
+         conversations it never saw, asked for a case it gives it {:.0}% of its probability, \
+         asked for nothing lower {:.0}% / UPPER {:.0}% / Title {:.0}%",
+        taught.steps,
+        taught.seconds,
+        taught.loss,
+        100.0 * taught.mass.asked.unwrap_or(0.0),
+        100.0 * lower,
+        100.0 * upper,
+        100.0 * title,
+    ));
+    Ok(taught)
+}
+
+/// One arm on a stack of its own, from a copy of the base model.
 fn run_arm(
     options: &FeedbackOptions,
     run: &RunDir,
@@ -183,15 +243,20 @@ fn run_arm(
     let started = Instant::now();
     say(&format!("arm {}: starting", arm.name()));
     let arm_run = RunDir::create(&run.root.join("arms").join(arm.name()))?;
-    copy_dir(&run.model(), &arm_run.model())?;
+    files::link_model(&run.model(), &arm_run.model())?;
     let plugins = PLUGINS.map(|name| Plugin {
         name,
         tenant_config: Vec::new(),
     });
     let (rl_weight, opd_weight) = arm.weights();
+    let served = match options.base {
+        Base::Taught { .. } => Served::Tiny,
+        Base::Pretrained { .. } => Served::Pretrained,
+    };
     let mut stack = Stack::start(&StackSpec {
         run: &arm_run,
         engine: &common.engine,
+        served,
         trainer: &common.trainer,
         sidecar: &common.sidecar,
         redis: common.redis.as_deref(),
@@ -203,13 +268,11 @@ fn run_arm(
         training: Training {
             samples_per_step: options.schedule.sessions,
             lr: common.lr,
-            rank: 8,
+            rank: options.knobs.rank,
             rl_weight,
             opd_weight,
-            // A hinted reply's wrong first letter is all but impossible for the teacher (−10
-            // nats and more): clamped, it weighs no more than the letters after it, and the
-            // distilled rate climbs instead of swinging (seeded runs, README).
-            opd_clip: 2.0,
+            opd_clip: options.knobs.opd_clip,
+            threads: options.knobs.threads,
             // Sessions without a signal for the arm (no hint, for OPD) give no sample: a step
             // waits for a whole batch of those that do, across rounds, rather than taking one
             // or two (Adam moves as far on one sample as on sixteen).
@@ -221,6 +284,9 @@ fn run_arm(
         sidecars: stack.sidecar_urls.clone(),
         tenants: tenants.to_vec(),
         schedule: options.schedule,
+        talk: options.talk,
+        pacing: options.pacing,
+        metrics: arm_run.metrics(),
         idle: IDLE,
         seed: common.seed,
         progress_every: common.progress_every,
@@ -231,18 +297,18 @@ fn run_arm(
         // What the teacher would say: the base model with each tenant's hint in its context.
         let mut teacher = Vec::new();
         for tenant in tenants {
-            let hint = lessons::requests(tenant.prefers).first().copied();
             let (point, _) = probe::probe(
                 &client,
                 sidecar,
                 tenant,
+                options.talk,
                 options.schedule.final_probes,
-                hint,
+                Some(tenant.prefers.hint()),
             )
             .await;
             teacher.push(point);
         }
-        let outcome = workload::drive(&plan, &arm_run.metrics(), &mut stack.trainer).await?;
+        let outcome = workload::drive(&plan, &mut stack.trainer).await?;
         let mut recorded = Vec::new();
         for tenant in tenants {
             let read = export::recorded(&client, sidecar, &stack.admin_token, &tenant.name).await;
@@ -273,18 +339,6 @@ fn run_arm(
         adapters,
         started.elapsed().as_secs_f64(),
     ))
-}
-
-/// Copies the files of `from` (a model folder: flat) into `to`.
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
-    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), to.join(entry.file_name()))
-                .with_context(|| format!("copying {}", entry.path().display()))?;
-        }
-    }
-    Ok(())
 }
 
 /// Per tenant, the preferred-style rate without a hint over optimizer steps: one line per arm,

@@ -7,9 +7,8 @@
 use serde::Serialize;
 use serde_json::json;
 
+use super::Talk;
 use crate::chat;
-use crate::style::Case;
-use crate::teach::SYSTEM;
 use crate::DemoTenant;
 
 /// The probes of one tenant at one moment.
@@ -29,31 +28,35 @@ impl ProbePoint {
     }
 }
 
-/// `n` probes of `tenant` through `sidecar`, concurrently: what the answered ones found, and the
+/// `n` probes of `tenant` through `sidecar`, concurrently, over its probe questions in order
+/// (so two probings of one size ask the same questions): what the answered ones found, and the
 /// failures as the caller saw them. With a `hint`, it is appended to the question as the
 /// trainer's teacher prompt has it: what the teacher of hint distillation would say.
 pub async fn probe(
     client: &reqwest::Client,
     sidecar: &str,
     tenant: &DemoTenant,
+    talk: Talk,
     n: usize,
     hint: Option<&str>,
 ) -> (ProbePoint, Vec<String>) {
     let mut calls = tokio::task::JoinSet::new();
     for i in 0..n {
-        let question = tenant.prompts[i % tenant.prompts.len()];
+        let question = tenant.probes[i % tenant.probes.len()];
         let question = match hint {
             Some(hint) => format!("{question}\n\n{hint}"),
             None => question.to_owned(),
         };
-        let messages = vec![
-            json!({"role": "system", "content": SYSTEM}),
-            json!({"role": "user", "content": question}),
-        ];
+        let mut messages: Vec<_> = talk
+            .system
+            .map(|system| json!({"role": "system", "content": system}))
+            .into_iter()
+            .collect();
+        messages.push(json!({"role": "user", "content": question}));
         let (client, base_url, key) = (client.clone(), format!("{sidecar}/v1"), tenant.key.clone());
         calls.spawn(async move {
             let headers = [("x-turn-type", "side"), ("x-clawback-done", "true")];
-            chat::complete(&client, &base_url, &key, &messages, &headers).await
+            chat::complete(&client, &base_url, &key, &messages, talk.sampling, &headers).await
         });
     }
     let mut versions = std::collections::BTreeMap::<u64, usize>::new();
@@ -63,7 +66,7 @@ pub async fn probe(
             Ok(Ok(reply)) => {
                 answered += 1;
                 *versions.entry(reply.version()).or_default() += 1;
-                fitted += usize::from(Case::of(&reply.content) == Some(tenant.prefers));
+                fitted += usize::from(tenant.prefers.fits(&reply.content));
             }
             Ok(Err(failure)) | Err(failure) => failures.push(failure),
         }

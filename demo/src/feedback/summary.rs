@@ -16,13 +16,19 @@ use crate::DemoTenant;
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
+    /// `feedback` (the tiny model) or `personal` (a real one).
+    pub scenario: &'static str,
     /// The engine that served the model, in words.
     pub engine: String,
+    /// The base model, in words.
+    pub model: String,
     pub seconds: f64,
     #[serde(flatten)]
     pub schedule: super::workload::Schedule,
-    /// How the base model was taught, and how it follows a request in its context.
-    pub teaching: crate::teach::Taught,
+    /// How the users' and the probes' calls were sampled.
+    pub sampling: crate::chat::Sampling,
+    /// How the tiny base model was taught, and how it follows a request in its context.
+    pub teaching: Option<crate::teach::Taught>,
     pub arms: Vec<ArmSummary>,
 }
 
@@ -45,6 +51,8 @@ pub struct ArmSummary {
 pub struct ArmTenant {
     pub name: String,
     pub prefers: &'static str,
+    /// The hint the teacher was measured with.
+    pub hint: &'static str,
     /// The base model with the tenant's hint in its context (what the teacher would say).
     pub teacher: ProbePoint,
     pub before: ProbePoint,
@@ -173,6 +181,7 @@ fn tenant_summary(
     ArmTenant {
         name: tenant.name.clone(),
         prefers: tenant.prefers.as_str(),
+        hint: tenant.prefers.hint(),
         teacher,
         gain: after.rate() - before.rate(),
         before,
@@ -210,17 +219,23 @@ fn tenant_summary(
 impl Summary {
     /// The closing lines the demo prints.
     pub fn text(&self) -> String {
+        let base = match &self.teaching {
+            Some(taught) => format!(
+                "base model taught in {} steps, {:.1} s",
+                taught.steps, taught.seconds
+            ),
+            None => format!("base model {}", self.model),
+        };
         let mut out = format!(
-            "\nclawback feedback demo on {}: {} arm(s) × {} rounds × {} users × {} turns, in {:.0} s \
-             (base model taught in {} steps, {:.1} s)\n",
+            "\nclawback {} demo on {}: {} arm(s) × {} rounds × {} users × {} turns, in {:.0} s \
+             ({base})\n",
+            self.scenario,
             self.engine,
             self.arms.len(),
             self.schedule.rounds,
             self.schedule.sessions,
             self.schedule.turns,
             self.seconds,
-            self.teaching.steps,
-            self.teaching.seconds,
         );
         for arm in &self.arms {
             out.push_str(&format!(
@@ -232,8 +247,8 @@ impl Summary {
                     |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{:.0}%", 100.0 * v));
                 out.push_str(&format!(
                     "    {:<8} prefers {}: preferred-style rate without a hint {:.2} ({} probes) → {:.2} \
-                     after {} optimizer steps, change {:+.2}; with the hint the base model gives {:.2}; \
-                     users saw {} → {} of replies fit\n",
+                     after {} optimizer steps, change {:+.2}; with the hint ({:?}) the base model gives \
+                     {:.2}; users saw {} → {} of replies fit\n",
                     t.name,
                     t.prefers,
                     t.before.rate(),
@@ -241,6 +256,7 @@ impl Summary {
                     t.after.rate(),
                     t.optimizer_steps,
                     t.gain,
+                    t.hint,
                     t.teacher.rate(),
                     pct(t.users_fitted.0),
                     pct(t.users_fitted.1),

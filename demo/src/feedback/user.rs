@@ -1,7 +1,8 @@
-//! The feedback scenario's simulated user: one person holding a session with the assistant, who
-//! wants every answer in one letter case and says so the way people do. When a reply misses
-//! their taste, their next message is a correction that says what to do differently ("No,
-//! please answer in capital letters."); when it fits, a thank-you or simply the next question.
+//! The feedback loop's simulated user: one person holding a session with the assistant, who
+//! wants every answer one way (a letter case, one short sentence, a list) and says so the way
+//! people do. When a reply misses their taste, their next message is a correction that says
+//! what to do differently ("No, please answer in capital letters."); when it fits, a thank-you
+//! or simply the next question.
 //! The calls are plain chat completions with the whole conversation, as any OpenAI client makes
 //! them: no session id, no handshake — the sidecar stitches them into one trajectory, and the
 //! session ends when the user goes quiet (the sidecar's idle timeout).
@@ -10,29 +11,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use serde_json::{json, Value};
 
-use crate::style::Case;
-use crate::teach::SYSTEM;
-
-/// What a user who wants `case` says when a reply missed it. Each is a correction the
-/// `user-feedback` plugin reads as one (−1) and that `correction-hint` turns into a hint.
-pub fn corrections(wants: Case) -> &'static [&'static str] {
-    match wants {
-        Case::Upper => &[
-            "No, please answer in capital letters.",
-            "Could you write that in capital letters instead?",
-            "That's not what I asked for. Please use capital letters.",
-        ],
-        Case::Lower => &[
-            "No, please answer in lowercase.",
-            "Could you write that in lowercase instead?",
-            "That's not what I asked for. Please use lowercase letters.",
-        ],
-        Case::Title => &[
-            "No, please answer in title case.",
-            "Could you write that in title case instead?",
-        ],
-    }
-}
+use crate::taste::Taste;
 
 /// What opens the next question when the reply fitted: thanks and moving on (+1 from
 /// `user-feedback`), or nothing at all (no opinion).
@@ -40,20 +19,29 @@ const PRAISE: &[&str] = &["Thanks! ", "Perfect. ", "Great. ", ""];
 
 /// One user's conversation so far.
 pub struct Session {
-    wants: Case,
+    wants: Taste,
     questions: &'static [&'static str],
     next_question: usize,
     messages: Vec<Value>,
 }
 
 impl Session {
-    /// A new session that opens with `questions[first]` and goes on through the list.
-    pub fn new(wants: Case, questions: &'static [&'static str], first: usize) -> Self {
+    /// A new session that opens with `system` (if any) and `questions[first]`, and goes on
+    /// through the list.
+    pub fn new(
+        wants: Taste,
+        system: Option<&str>,
+        questions: &'static [&'static str],
+        first: usize,
+    ) -> Self {
         let mut session = Session {
             wants,
             questions,
             next_question: first,
-            messages: vec![json!({"role": "system", "content": SYSTEM})],
+            messages: system
+                .map(|system| json!({"role": "system", "content": system}))
+                .into_iter()
+                .collect(),
         };
         let question = session.question();
         session.say(question);
@@ -70,12 +58,12 @@ impl Session {
     pub fn reply(&mut self, reply: &str, rng: &mut StdRng) -> bool {
         self.messages
             .push(json!({"role": "assistant", "content": reply}));
-        let fitted = Case::of(reply) == Some(self.wants);
+        let fitted = self.wants.fits(reply);
         let message = if fitted {
             let praise = PRAISE.choose(rng).copied().unwrap_or_default();
             format!("{praise}{}", self.question())
         } else {
-            let correction = corrections(self.wants).choose(rng).copied();
+            let correction = self.wants.corrections().choose(rng).copied();
             correction.unwrap_or_default().to_owned()
         };
         self.say(message);
@@ -99,14 +87,18 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
+    use crate::form::Form;
+    use crate::style::Case;
 
     #[test]
     fn a_missed_reply_is_corrected_and_a_fitting_one_moves_on() {
         let mut rng = StdRng::seed_from_u64(1);
-        let mut session = Session::new(Case::Upper, &["Name a city.", "Say hello."], 0);
+        let upper = Taste::Case(Case::Upper);
+        let mut session =
+            Session::new(upper, Some("Be brief."), &["Name a city.", "Say hello."], 0);
         assert!(!session.reply("new york city", &mut rng));
         let correction = session.messages().last().unwrap()["content"].clone();
-        assert!(corrections(Case::Upper).contains(&correction.as_str().unwrap()));
+        assert!(upper.corrections().contains(&correction.as_str().unwrap()));
         assert!(session.reply("NEW YORK CITY", &mut rng));
         let next = session.messages().last().unwrap()["content"]
             .as_str()
@@ -114,5 +106,16 @@ mod tests {
             .to_owned();
         assert!(next.ends_with("Say hello."), "{next}");
         assert_eq!(session.messages().len(), 6);
+    }
+
+    #[test]
+    fn a_session_without_a_system_message_opens_with_the_question() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let brief = Taste::Form(Form::Brief);
+        let mut session = Session::new(brief, None, &["Why is the sky blue?"], 0);
+        assert_eq!(session.messages()[0]["role"], "user");
+        let long = "Sunlight scatters off the air. Blue light scatters most. So the sky is blue.";
+        assert!(!session.reply(long, &mut rng));
+        assert!(session.reply("Air scatters blue sunlight the most.", &mut rng));
     }
 }

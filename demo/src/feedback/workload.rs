@@ -14,6 +14,7 @@ use rand::SeedableRng;
 
 use super::probe::{probe, ProbePoint};
 use super::user::Session;
+use super::Talk;
 use crate::backlog::{backlog, Backlog};
 use crate::chat;
 use crate::processes::Process;
@@ -40,12 +41,29 @@ pub struct Schedule {
     pub probe_every: u32,
 }
 
+/// When the next round starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pacing {
+    /// Once the trainer has been handed the round's sessions: it trains while the next round
+    /// plays (a tiny model's steps take milliseconds).
+    Handed,
+    /// Once the trainer has trained, acked and published everything it was handed: each round
+    /// is served by the policy the previous ones made, and serving and training take turns on
+    /// the CPU instead of slowing each other down (a real model on two cores).
+    Published,
+}
+
 /// What to play.
 pub struct Plan {
     pub arm: &'static str,
     pub sidecars: Vec<String>,
     pub tenants: Vec<DemoTenant>,
     pub schedule: Schedule,
+    pub talk: Talk,
+    pub pacing: Pacing,
+    /// The trainer's JSONL metrics log.
+    pub metrics: std::path::PathBuf,
     /// How long the sidecars wait before a quiet session is complete.
     pub idle: Duration,
     pub seed: u64,
@@ -76,7 +94,7 @@ fn lock(state: &State) -> MutexGuard<'_, Shared> {
 }
 
 /// Plays the plan; returns once the trainer has taken the last round and the last probes ran.
-pub async fn drive(plan: &Plan, log: &std::path::Path, trainer: &mut Process) -> Result<Outcome> {
+pub async fn drive(plan: &Plan, trainer: &mut Process) -> Result<Outcome> {
     let client = reqwest::Client::builder()
         .build()
         .context("building the HTTP client")?;
@@ -92,7 +110,7 @@ pub async fn drive(plan: &Plan, log: &std::path::Path, trainer: &mut Process) ->
             tenants: plan.tenants.clone(),
             arm: plan.arm,
             rounds: plan.schedule.rounds,
-            log: log.to_owned(),
+            log: plan.metrics.clone(),
             every: plan.progress_every,
             started: Instant::now(),
         }
@@ -103,7 +121,7 @@ pub async fn drive(plan: &Plan, log: &std::path::Path, trainer: &mut Process) ->
     let _ = watcher.await;
     result?;
     let mut shared = lock(&state);
-    shared.outcome.log.read_new(log);
+    shared.outcome.log.read_new(&plan.metrics);
     Ok(std::mem::take(&mut shared.outcome))
 }
 
@@ -127,6 +145,7 @@ async fn rounds(
                     round,
                     user,
                     turns: plan.schedule.turns,
+                    talk: plan.talk,
                     first_question: (round * plan.schedule.sessions + user) as usize,
                     rng: StdRng::seed_from_u64(
                         plan.seed
@@ -141,7 +160,7 @@ async fn rounds(
         while let Some(joined) = sessions.join_next().await {
             joined.context("a user's session panicked")?;
         }
-        wait_for_trainer(plan, client, trainer).await?;
+        wait_for_trainer(plan, client, state, trainer).await?;
         let last = round + 1 == plan.schedule.rounds;
         if !last && (round + 1) % plan.schedule.probe_every.max(1) == 0 {
             probe_all(plan, client, state, plan.schedule.probes).await;
@@ -160,6 +179,7 @@ struct SessionRun {
     round: u32,
     user: u32,
     turns: u32,
+    talk: Talk,
     first_question: usize,
     rng: StdRng,
 }
@@ -168,6 +188,7 @@ impl SessionRun {
     async fn play(mut self, state: &State) {
         let mut session = Session::new(
             self.tenant.prefers,
+            self.talk.system,
             self.tenant.prompts,
             self.first_question,
         );
@@ -181,6 +202,7 @@ impl SessionRun {
                 &base_url,
                 &self.tenant.key,
                 session.messages(),
+                self.talk.sampling,
                 &[],
             )
             .await;
@@ -212,10 +234,12 @@ impl SessionRun {
 
 /// Waits until the sidecars have completed the round's sessions (quiet for `plan.idle`) and the
 /// trainer has been handed every ready one (the consumer group's lag is 0 in the first
-/// sidecar's `/metrics`); it may still wait for more before it steps.
+/// sidecar's `/metrics`); it may still wait for more before it steps. With
+/// [`Pacing::Published`], until nothing is pending either and every step it took is published.
 async fn wait_for_trainer(
     plan: &Plan,
     client: &reqwest::Client,
+    state: &State,
     trainer: &mut Process,
 ) -> Result<()> {
     // The idle sweep runs every quarter of the idle timeout; then the completion is journaled
@@ -227,10 +251,19 @@ async fn wait_for_trainer(
         if !trainer.running() {
             bail!("the trainer exited: {}", trainer.tail());
         }
-        match backlog(client, &plan.sidecars[0]).await {
-            Some(Backlog { lag: 0, .. }) => quiet += 1,
-            _ => quiet = 0,
-        }
+        let settled = match (plan.pacing, backlog(client, &plan.sidecars[0]).await) {
+            (Pacing::Handed, Some(Backlog { lag: 0, .. })) => true,
+            (Pacing::Published, Some(Backlog { lag: 0, pending: 0 })) => {
+                let mut shared = lock(state);
+                let log = &mut shared.outcome.log;
+                log.read_new(&plan.metrics);
+                plan.tenants
+                    .iter()
+                    .all(|t| log.publishes_of(&t.name) >= log.steps_of(&t.name))
+            }
+            _ => false,
+        };
+        quiet = if settled { quiet + 1 } else { 0 };
         if quiet >= 2 {
             return Ok(());
         }
@@ -249,7 +282,11 @@ async fn probe_all(plan: &Plan, client: &reqwest::Client, state: &State, n: usiz
     for (index, tenant) in plan.tenants.iter().enumerate() {
         let (client, tenant) = (client.clone(), tenant.clone());
         let sidecar = plan.sidecars[index % plan.sidecars.len()].clone();
-        probes.spawn(async move { (index, probe(&client, &sidecar, &tenant, n, None).await) });
+        let talk = plan.talk;
+        probes.spawn(async move {
+            let probed = probe(&client, &sidecar, &tenant, talk, n, None).await;
+            (index, probed)
+        });
     }
     while let Some(joined) = probes.join_next().await {
         let Ok((index, (point, failures))) = joined else {

@@ -18,6 +18,7 @@ use anyhow::{bail, Context, Result};
 pub use summary::Summary;
 
 use crate::chart::{self, Chart, Line};
+use crate::engine::Served;
 use crate::files::{Plugin, RunDir, Training};
 use crate::stack::{Stack, StackSpec};
 use crate::{all_prompts, say, teach, Common, DemoTenant, Engine};
@@ -85,6 +86,7 @@ pub fn run(options: &GroupOptions) -> Result<Summary> {
     let mut stack = Stack::start(&StackSpec {
         run: &run,
         engine: &common.engine,
+        served: Served::Tiny,
         trainer: &common.trainer,
         sidecar: &common.sidecar,
         redis: common.redis.as_deref(),
@@ -101,6 +103,7 @@ pub fn run(options: &GroupOptions) -> Result<Summary> {
             opd_weight: 1.0,
             opd_clip: 0.0,
             max_wait: "2s",
+            threads: 1,
         },
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -184,6 +184,19 @@ mod tests {
                 "Actually, can you keep the old name, please?",
                 "Keep the old name.",
             ),
+            // The personal demo's users (demo/src/taste.rs) on a real model's replies.
+            (
+                "No, please answer in one short sentence.",
+                "Answer in one short sentence.",
+            ),
+            (
+                "Could you give me that as a bulleted list instead?",
+                "Give me that as a bulleted list instead.",
+            ),
+            (
+                "That's not what I asked for. Please write it as a list of points.",
+                "Write it as a list of points.",
+            ),
         ] {
             assert_eq!(directive(reply).as_deref(), Some(hint), "{reply}");
         }
