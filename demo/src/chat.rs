@@ -31,6 +31,28 @@ impl Sampling {
     };
 }
 
+/// How the simulated users and agents talk to the model: the system message every conversation
+/// opens with (none: the model's chat template has its own default) and how its replies are
+/// sampled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Talk {
+    pub system: Option<&'static str>,
+    pub sampling: Sampling,
+}
+
+impl Talk {
+    /// A conversation's first messages: the system message, if any, and `question`.
+    pub fn opening(&self, question: &str) -> Vec<Value> {
+        let mut messages: Vec<Value> = self
+            .system
+            .map(|system| json!({"role": "system", "content": system}))
+            .into_iter()
+            .collect();
+        messages.push(json!({"role": "user", "content": question}));
+        messages
+    }
+}
+
 /// What the engine answered.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -47,6 +69,15 @@ impl Reply {
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or(0)
     }
+}
+
+/// The version that answered most of a probing's calls (the newer one on a tie), from how many
+/// each answered; 0 (the base model) when none did.
+pub fn most_common_version(answered: std::collections::BTreeMap<u64, usize>) -> u64 {
+    answered
+        .into_iter()
+        .max_by_key(|&(version, count)| (count, version))
+        .map_or(0, |(version, _)| version)
 }
 
 /// `POST {base_url}/chat/completions` (an OpenAI base URL, `http://sidecar/v1`) with

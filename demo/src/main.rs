@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 
-use clawback_demo::chat::Sampling;
-use clawback_demo::feedback::{self, Arm, Base, FeedbackOptions, Knobs, Pacing, Talk};
-use clawback_demo::groups::{self, GroupOptions};
+use clawback_demo::chat::{Sampling, Talk};
+use clawback_demo::feedback::{self, Arm, Base, FeedbackOptions, Knobs, Pacing};
+use clawback_demo::groups::{self, GroupOptions, Task};
 use clawback_demo::personal;
 use clawback_demo::stack::beside_this_binary;
 use clawback_demo::{teach, Common, DemoTenant, Engine};
@@ -22,8 +22,9 @@ use clawback_demo::{teach, Common, DemoTenant, Engine};
 struct Cli {
     /// `groups`: rollout groups scored at their end (GRPO); `feedback`: long sessions whose
     /// user's next message is the signal (binary RL and hint distillation, in arms); both on a
-    /// tiny model taught on the spot. `personal`: the feedback loop on a real model
-    /// (SmolLM2-135M-Instruct) served by the real vLLM.
+    /// tiny model taught on the spot. On a real model (SmolLM2-135M-Instruct) served by the
+    /// real vLLM: `personal`, the feedback loop; `arithmetic`, groups of two-digit sums scored
+    /// against their answers.
     #[arg(long, value_enum, default_value_t = Scenario::Groups)]
     scenario: Scenario,
     /// The run folder (emptied of an earlier run's files first).
@@ -46,7 +47,7 @@ struct Cli {
     /// `personal`, else `reference`.
     #[arg(long, value_enum)]
     backend: Option<Backend>,
-    /// personal: the real model's HF folder (default: $CLAWBACK_SMOLLM2, else
+    /// personal, arithmetic: the real model's HF folder (default: $CLAWBACK_SMOLLM2, else
     /// ~/.cache/clawback/models/SmolLM2-135M-Instruct, where `scripts/run` converts it).
     #[arg(long)]
     model_dir: Option<PathBuf>,
@@ -54,7 +55,7 @@ struct Cli {
     /// ~/.cache/clawback/vllm-venv/bin/python).
     #[arg(long)]
     vllm_python: Option<PathBuf>,
-    /// Rounds (default: 40 for groups, 12 for feedback, 8 for personal).
+    /// Rounds (default: 40 for groups, 12 for feedback, 8 for personal, 20 for arithmetic).
     #[arg(long)]
     rounds: Option<u32>,
     /// Sidecar replicas the calls are spread over.
@@ -63,8 +64,8 @@ struct Cli {
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// The trainer's learning rate (default: 1e-2 for groups, 5e-3 for feedback, whose
-    /// per-turn signals give many more optimizer steps than one reward per rollout; 1e-4 for
-    /// personal, a pretrained model's LoRA).
+    /// per-turn signals give many more optimizer steps than one reward per rollout; 5e-4 on
+    /// the real model).
     #[arg(long)]
     lr: Option<f64>,
     /// Seconds between progress lines.
@@ -77,6 +78,9 @@ struct Cli {
     /// groups: kill the backend before this round and start it again.
     #[arg(long)]
     restart_backend_at: Option<u32>,
+    /// arithmetic: held-out sums asked of each tenant before and after.
+    #[arg(long, default_value_t = 64)]
+    held_out: usize,
 
     /// feedback, personal: the arms, run one after the other on the same base model.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Arm::Rl, Arm::Opd, Arm::Combined])]
@@ -109,6 +113,7 @@ enum Scenario {
     Groups,
     Feedback,
     Personal,
+    Arithmetic,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -119,12 +124,14 @@ enum Backend {
 
 impl Cli {
     fn common(&self) -> Result<Common> {
-        let backend = self.backend.unwrap_or(match self.scenario {
-            Scenario::Personal => Backend::Vllm,
-            Scenario::Groups | Scenario::Feedback => Backend::Reference,
+        let real = matches!(self.scenario, Scenario::Personal | Scenario::Arithmetic);
+        let backend = self.backend.unwrap_or(if real {
+            Backend::Vllm
+        } else {
+            Backend::Reference
         });
-        if self.scenario == Scenario::Personal && backend != Backend::Vllm {
-            anyhow::bail!("the personal scenario runs on the real vLLM (--backend vllm)");
+        if real && backend != Backend::Vllm {
+            anyhow::bail!("the real model's scenarios run on the real vLLM (--backend vllm)");
         }
         let engine = match backend {
             Backend::Reference => Engine::Reference,
@@ -165,7 +172,7 @@ impl Cli {
             lr: self.lr.unwrap_or(match self.scenario {
                 Scenario::Groups => 1e-2,
                 Scenario::Feedback => 5e-3,
-                Scenario::Personal => 1e-4,
+                Scenario::Personal | Scenario::Arithmetic => 5e-4,
             }),
             progress_every: Duration::from_secs_f64(self.progress_every.max(0.1)),
         })
@@ -186,15 +193,28 @@ impl Cli {
     }
 }
 
-/// Where `scripts/run` converts SmolLM2: `$CLAWBACK_SMOLLM2`, else under `~/.cache/clawback`.
-fn smollm2_dir() -> Option<PathBuf> {
-    std::env::var_os("CLAWBACK_SMOLLM2")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|home| {
-                PathBuf::from(home).join(".cache/clawback/models/SmolLM2-135M-Instruct")
+impl Cli {
+    /// The real model's folder: `--model-dir`, else where `scripts/run` converts SmolLM2
+    /// (`$CLAWBACK_SMOLLM2`, else under `~/.cache/clawback`).
+    fn smollm2(&self) -> Result<PathBuf> {
+        let dir = self
+            .model_dir
+            .clone()
+            .or_else(|| std::env::var_os("CLAWBACK_SMOLLM2").map(PathBuf::from))
+            .or_else(|| {
+                std::env::var_os("HOME").map(|home| {
+                    PathBuf::from(home).join(".cache/clawback/models/SmolLM2-135M-Instruct")
+                })
             })
-        })
+            .context("no --model-dir, no $CLAWBACK_SMOLLM2 and no HOME to find SmolLM2 in")?;
+        anyhow::ensure!(
+            dir.join("model.safetensors").is_file(),
+            "{} holds no converted SmolLM2: scripts/run --scenario personal (or arithmetic) \
+             converts it",
+            dir.display()
+        );
+        Ok(dir)
+    }
 }
 
 fn main() -> Result<()> {
@@ -210,6 +230,20 @@ fn main() -> Result<()> {
                 rounds: cli.rounds.unwrap_or(40),
                 group_size: cli.group_size,
                 restart_backend_at: cli.restart_backend_at,
+                task: Task::LetterCase,
+            })?;
+        }
+        Scenario::Arithmetic => {
+            groups::run(&GroupOptions {
+                common,
+                rounds: cli.rounds.unwrap_or(20),
+                group_size: cli.group_size,
+                restart_backend_at: cli.restart_backend_at,
+                task: Task::Sums {
+                    model_dir: cli.smollm2()?,
+                    name: personal::MODEL.to_owned(),
+                    held_out: cli.held_out,
+                },
             })?;
         }
         Scenario::Feedback => {
@@ -241,14 +275,7 @@ fn main() -> Result<()> {
         }
         Scenario::Personal => {
             let schedule = cli.schedule(8, 16, 48);
-            let dir = cli.model_dir.clone().or_else(smollm2_dir).context(
-                "no --model-dir, no $CLAWBACK_SMOLLM2 and no HOME to find the converted SmolLM2 in",
-            )?;
-            anyhow::ensure!(
-                dir.join("model.safetensors").is_file(),
-                "{} holds no converted SmolLM2: scripts/run --scenario personal converts it",
-                dir.display()
-            );
+            let dir = cli.smollm2()?;
             feedback::run(&FeedbackOptions {
                 common,
                 scenario: "personal",

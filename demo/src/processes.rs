@@ -166,7 +166,11 @@ impl Process {
     fn signal(&self, signal: &str) {
         let pid = self.child.id().to_string();
         let target = if self.group { format!("-{pid}") } else { pid };
-        let _ = Command::new("kill").args([signal, "--", &target]).status();
+        // A group whose processes all exited already is no news.
+        let _ = Command::new("kill")
+            .args([signal, "--", &target])
+            .stderr(Stdio::null())
+            .status();
     }
 
     /// The last lines of its log, for error messages.

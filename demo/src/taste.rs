@@ -1,6 +1,6 @@
-//! What a tenant's users want from every reply — a letter case (the tiny model's scenarios) or
-//! a form (the real model's): whether a reply fits it, what a user says when one does not, and
-//! the hint such a correction becomes.
+//! What a tenant's users want from every reply — a letter case (the tiny model's scenarios), a
+//! form (the personal scenario's) or the right answer (the arithmetic scenario's): whether a
+//! reply fits it, what a user says when one does not, and the hint such a correction becomes.
 
 use crate::form::Form;
 use crate::style::Case;
@@ -10,6 +10,9 @@ use crate::style::Case;
 pub enum Taste {
     Case(Case),
     Form(Form),
+    /// The right answer to each problem. A reply alone cannot tell: the problem's answer,
+    /// given to the handshake, decides (the `exact_answer` plugin, the arithmetic probes).
+    RightAnswers,
 }
 
 impl Taste {
@@ -18,14 +21,17 @@ impl Taste {
         match self {
             Taste::Case(case) => case.as_str(),
             Taste::Form(form) => form.as_str(),
+            Taste::RightAnswers => "right answers",
         }
     }
 
-    /// Whether `reply` is what the user wanted.
+    /// Whether `reply` is what the user wanted (never, for [`Taste::RightAnswers`]: that takes
+    /// the problem).
     pub fn fits(self, reply: &str) -> bool {
         match self {
             Taste::Case(case) => Case::of(reply) == Some(case),
             Taste::Form(form) => form.fits(reply),
+            Taste::RightAnswers => false,
         }
     }
 
@@ -57,6 +63,7 @@ impl Taste {
                 "Could you give me that as a bulleted list instead?",
                 "That's not what I asked for. Please write it as a list of points.",
             ],
+            Taste::RightAnswers => &["That's wrong. Please check your arithmetic."],
         }
     }
 
@@ -70,6 +77,7 @@ impl Taste {
             Taste::Case(Case::Title) => "Answer in title case.",
             Taste::Form(Form::Brief) => "Answer in one short sentence.",
             Taste::Form(Form::List) => "Answer with a bulleted list.",
+            Taste::RightAnswers => "Check your arithmetic.",
         }
     }
 }

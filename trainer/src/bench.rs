@@ -1,7 +1,10 @@
 //! Training throughput: tokens per second of full LoRA training steps (forward with the
 //! adapter, the clipped-surrogate loss, backward, clipping, AdamW) on a random model of a
-//! preset size, so the figure is comparable across machines and commits.
+//! preset size, so the figure is comparable across machines and commits — or on a real model's
+//! weights, optionally with the frozen base's no-grad pass that hint distillation's teacher adds
+//! to every step.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use tch::{Kind, Tensor};
@@ -57,7 +60,13 @@ impl Preset {
 /// One benchmark run's shape.
 #[derive(Debug, Clone)]
 pub struct BenchSpec {
+    /// The shape of the random model, unless `weights` gives a real one.
     pub model: ModelConfig,
+    /// A real model's HF folder, loaded instead of random weights of `model`'s shape.
+    pub weights: Option<PathBuf>,
+    /// Adds the frozen base's forward pass (no gradient, no adapter) per step: the teacher of
+    /// hint distillation, which scores every hinted token.
+    pub teacher: bool,
     pub placement: Placement,
     pub lora: LoraConfig,
     pub batch: i64,
@@ -90,8 +99,12 @@ impl BenchReport {
 /// Runs `spec.warmup_steps + spec.steps` training steps and times the latter.
 pub fn run(spec: &BenchSpec) -> Result<BenchReport, BenchError> {
     tch::manual_seed(0);
-    let model = Model::random(spec.model.clone(), spec.placement)?;
-    let adapter = LoraAdapter::new(&spec.model, spec.lora.clone(), spec.placement.device)?;
+    let model = match &spec.weights {
+        Some(dir) => Model::load(dir, spec.placement)?,
+        None => Model::random(spec.model.clone(), spec.placement)?,
+    };
+    let config = model.config().clone();
+    let adapter = LoraAdapter::new(&config, spec.lora.clone(), spec.placement.device)?;
     let schedule = LrSchedule {
         peak_lr: 1e-4,
         min_lr: 1e-5,
@@ -102,7 +115,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchReport, BenchError> {
     let mut optimizer = Optimizer::new(adapter.var_store(), AdamWConfig::default(), schedule)?;
     let device = spec.placement.device;
     let ids = Tensor::randint(
-        spec.model.vocab_size,
+        config.vocab_size,
         [spec.batch, spec.seq_len],
         (Kind::Int64, device),
     );
@@ -127,6 +140,10 @@ pub fn run(spec: &BenchSpec) -> Result<BenchReport, BenchError> {
         };
         let (loss, _) = losses::policy_loss(&batch, &LossConfig::default())?;
         optimizer.backward_step(&loss);
+        if spec.teacher {
+            let teacher = tch::no_grad(|| model.forward(&inputs, None, false))?;
+            let _ = tch::no_grad(|| losses::token_logprobs(&teacher, &targets));
+        }
         // Kernels run asynchronously: wait for them before reading the clock.
         if let tch::Device::Cuda(ordinal) = device {
             tch::Cuda::synchronize(ordinal as i64);
@@ -144,7 +161,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchReport, BenchError> {
         .map(|t| t.numel() as i64)
         .sum();
     // The embedding lookup costs no matmul; the head does, tied or not.
-    let c = &spec.model;
+    let c = &config;
     let embedding_lookup = if c.tie_word_embeddings {
         0
     } else {
@@ -154,7 +171,10 @@ pub fn run(spec: &BenchSpec) -> Result<BenchReport, BenchError> {
     let tokens_per_step = spec.batch * (spec.seq_len - 1);
     let seconds_per_step = timed / spec.steps.max(1) as f64;
     let tokens_per_second = tokens_per_step as f64 / seconds_per_step;
-    let flops_per_token = 4.0 * matmul_parameters as f64 + 6.0 * lora_parameters as f64;
+    // The teacher's pass is a forward of the frozen matmuls: 2 · N_base more.
+    let teacher_flops = if spec.teacher { 2.0 } else { 0.0 };
+    let flops_per_token =
+        (4.0 + teacher_flops) * matmul_parameters as f64 + 6.0 * lora_parameters as f64;
     Ok(BenchReport {
         base_parameters,
         lora_parameters,
@@ -179,6 +199,8 @@ mod tests {
     fn a_tiny_benchmark_reports_positive_throughput() {
         let spec = BenchSpec {
             model: Preset::Tiny.config(),
+            weights: None,
+            teacher: true,
             placement: Placement::cpu(),
             lora: LoraConfig::default(),
             batch: 2,

@@ -67,10 +67,18 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: i64,
     },
-    /// Training tokens/s (forward + loss + backward + AdamW on LoRA params) on a random model.
+    /// Training tokens/s (forward + loss + backward + AdamW on LoRA params) on a random model,
+    /// or on a real one with --model.
     Bench {
         #[arg(long, value_enum, default_value = "tiny")]
         preset: PresetArg,
+        /// A real model's HF folder instead of a preset's random weights (batch 1 × 256 tokens,
+        /// 3 steps unless given).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Also the frozen base's no-grad pass per step (hint distillation's teacher).
+        #[arg(long)]
+        teacher: bool,
         /// auto, cpu, cuda or cuda:N (CPU runs f32, CUDA bf16).
         #[arg(long, default_value = "auto")]
         device: Placement,
@@ -203,6 +211,8 @@ fn main() -> Result<()> {
         }
         Command::Bench {
             preset,
+            model,
+            teacher,
             device,
             batch,
             seq_len,
@@ -216,12 +226,18 @@ fn main() -> Result<()> {
             if let Some(threads) = threads {
                 tch::set_num_threads(threads);
             }
-            let (preset, name, defaults) = match preset {
-                PresetArg::Tiny => (Preset::Tiny, "tiny", (8, 64, 20)),
-                PresetArg::M100 => (Preset::M100, "100m", (1, 256, 3)),
+            let (preset, mut name, defaults) = match (preset, &model) {
+                (_, Some(dir)) => (Preset::M100, dir.display().to_string(), (1, 256, 3)),
+                (PresetArg::Tiny, None) => (Preset::Tiny, "tiny".to_owned(), (8, 64, 20)),
+                (PresetArg::M100, None) => (Preset::M100, "100m".to_owned(), (1, 256, 3)),
             };
+            if teacher {
+                name.push_str(" + teacher pass");
+            }
             let spec = BenchSpec {
                 model: preset.config(),
+                weights: model,
+                teacher,
                 placement: device,
                 lora: LoraConfig {
                     rank,

@@ -31,7 +31,7 @@ pub use workload::{Pacing, Schedule};
 use clawback_trainer::tiny_model::TinyModel;
 
 use crate::chart::{self, Chart, Line, Panel};
-use crate::chat::Sampling;
+use crate::chat::Talk;
 use crate::engine::Served;
 use crate::files::{self, Plugin, RunDir, Training};
 use crate::stack::{Stack, StackSpec};
@@ -73,14 +73,6 @@ impl Arm {
             Arm::Combined => (1.0, 1.0),
         }
     }
-}
-
-/// How the simulated users talk to the model: the system message every conversation opens with
-/// (none: the model's chat template has its own default) and how its replies are sampled.
-#[derive(Debug, Clone, Copy)]
-pub struct Talk {
-    pub system: Option<&'static str>,
-    pub sampling: Sampling,
 }
 
 /// The base model every arm starts from.

@@ -5,10 +5,8 @@
 //! never trained on, never stitched into a user's session.
 
 use serde::Serialize;
-use serde_json::json;
 
-use super::Talk;
-use crate::chat;
+use crate::chat::{self, Talk};
 use crate::DemoTenant;
 
 /// The probes of one tenant at one moment.
@@ -47,12 +45,7 @@ pub async fn probe(
             Some(hint) => format!("{question}\n\n{hint}"),
             None => question.to_owned(),
         };
-        let mut messages: Vec<_> = talk
-            .system
-            .map(|system| json!({"role": "system", "content": system}))
-            .into_iter()
-            .collect();
-        messages.push(json!({"role": "user", "content": question}));
+        let messages = talk.opening(&question);
         let (client, base_url, key) = (client.clone(), format!("{sidecar}/v1"), tenant.key.clone());
         calls.spawn(async move {
             let headers = [("x-turn-type", "side"), ("x-clawback-done", "true")];
@@ -71,10 +64,7 @@ pub async fn probe(
             Ok(Err(failure)) | Err(failure) => failures.push(failure),
         }
     }
-    let version = versions
-        .into_iter()
-        .max_by_key(|&(version, count)| (count, version))
-        .map_or(0, |(version, _)| version);
+    let version = chat::most_common_version(versions);
     let point = ProbePoint {
         version,
         probes: answered,

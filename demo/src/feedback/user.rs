@@ -11,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use serde_json::{json, Value};
 
+use crate::chat::Talk;
 use crate::taste::Taste;
 
 /// What opens the next question when the reply fitted: thanks and moving on (+1 from
@@ -26,11 +27,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// A new session that opens with `system` (if any) and `questions[first]`, and goes on
-    /// through the list.
+    /// A new session that opens as `talk` does with `questions[first]`, and goes on through
+    /// the list.
     pub fn new(
         wants: Taste,
-        system: Option<&str>,
+        talk: &Talk,
         questions: &'static [&'static str],
         first: usize,
     ) -> Self {
@@ -38,13 +39,10 @@ impl Session {
             wants,
             questions,
             next_question: first,
-            messages: system
-                .map(|system| json!({"role": "system", "content": system}))
-                .into_iter()
-                .collect(),
+            messages: Vec::new(),
         };
         let question = session.question();
-        session.say(question);
+        session.messages = talk.opening(&question);
         session
     }
 
@@ -94,8 +92,11 @@ mod tests {
     fn a_missed_reply_is_corrected_and_a_fitting_one_moves_on() {
         let mut rng = StdRng::seed_from_u64(1);
         let upper = Taste::Case(Case::Upper);
-        let mut session =
-            Session::new(upper, Some("Be brief."), &["Name a city.", "Say hello."], 0);
+        let talk = Talk {
+            system: Some("Be brief."),
+            sampling: crate::chat::Sampling::TINY,
+        };
+        let mut session = Session::new(upper, &talk, &["Name a city.", "Say hello."], 0);
         assert!(!session.reply("new york city", &mut rng));
         let correction = session.messages().last().unwrap()["content"].clone();
         assert!(upper.corrections().contains(&correction.as_str().unwrap()));
@@ -112,7 +113,11 @@ mod tests {
     fn a_session_without_a_system_message_opens_with_the_question() {
         let mut rng = StdRng::seed_from_u64(1);
         let brief = Taste::Form(Form::Brief);
-        let mut session = Session::new(brief, None, &["Why is the sky blue?"], 0);
+        let talk = Talk {
+            system: None,
+            sampling: crate::chat::Sampling::TINY,
+        };
+        let mut session = Session::new(brief, &talk, &["Why is the sky blue?"], 0);
         assert_eq!(session.messages()[0]["role"], "user");
         let long = "Sunlight scatters off the air. Blue light scatters most. So the sky is blue.";
         assert!(!session.reply(long, &mut rng));

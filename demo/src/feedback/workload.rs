@@ -14,16 +14,13 @@ use rand::SeedableRng;
 
 use super::probe::{probe, ProbePoint};
 use super::user::Session;
-use super::Talk;
 use crate::backlog::{backlog, Backlog};
-use crate::chat;
+use crate::chat::{self, Talk};
 use crate::processes::Process;
 use crate::report::Requests;
 use crate::trainer_log::TrainerLog;
 use crate::DemoTenant;
 
-/// How long a round waits for the trainer to take its sessions before it goes on anyway.
-const PACE_WAIT: Duration = Duration::from_secs(60);
 /// How often the trainer's log and the sidecar's lag are read.
 const POLL: Duration = Duration::from_millis(250);
 
@@ -52,6 +49,17 @@ pub enum Pacing {
     /// is served by the policy the previous ones made, and serving and training take turns on
     /// the CPU instead of slowing each other down (a real model on two cores).
     Published,
+}
+
+impl Pacing {
+    /// How long a round waits for the trainer before it goes on anyway: a real model's steps
+    /// on a busy CPU take a minute and more.
+    fn patience(self) -> Duration {
+        match self {
+            Pacing::Handed => Duration::from_secs(60),
+            Pacing::Published => Duration::from_secs(600),
+        }
+    }
 }
 
 /// What to play.
@@ -188,7 +196,7 @@ impl SessionRun {
     async fn play(mut self, state: &State) {
         let mut session = Session::new(
             self.tenant.prefers,
-            self.talk.system,
+            &self.talk,
             self.tenant.prompts,
             self.first_question,
         );
@@ -247,7 +255,8 @@ async fn wait_for_trainer(
     tokio::time::sleep(plan.idle + plan.idle / 2 + Duration::from_millis(250)).await;
     let since = Instant::now();
     let mut quiet = 0;
-    while since.elapsed() < PACE_WAIT {
+    let patience = plan.pacing.patience();
+    while since.elapsed() < patience {
         if !trainer.running() {
             bail!("the trainer exited: {}", trainer.tail());
         }
@@ -270,7 +279,7 @@ async fn wait_for_trainer(
         tokio::time::sleep(POLL).await;
     }
     crate::say(&format!(
-        "{}: the trainer has not taken the round's sessions after {PACE_WAIT:?}; going on",
+        "{}: the trainer is not done with the round's sessions after {patience:?}; going on",
         plan.arm
     ));
     Ok(())

@@ -9,6 +9,7 @@ use anyhow::Result;
 use clawback_trainer::train::metrics::PublishReport;
 use serde::Serialize;
 
+use super::sums::Accuracy;
 use super::workload::{Outcome, Plan};
 use crate::files::RunDir;
 use crate::report::{mean, AdapterComparison, PublishTimes, Requests};
@@ -49,6 +50,15 @@ pub struct TenantSummary {
     pub equal_reward_groups: u64,
     pub swaps: usize,
     pub live: Option<String>,
+    /// Greedy accuracy on the held-out sums before the first round and after the last (the
+    /// arithmetic scenario).
+    pub held_out: Option<HeldOut>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HeldOut {
+    pub before: Accuracy,
+    pub after: Accuracy,
 }
 
 /// The mean plugin reward of one tenant's rollouts of one round.
@@ -90,6 +100,7 @@ impl Summary {
         plan: &Plan,
         run: &RunDir,
         mut outcome: Outcome,
+        accuracy: Option<Vec<(Accuracy, Accuracy)>>,
         elapsed: Duration,
         engine: String,
     ) -> Result<Self> {
@@ -129,6 +140,10 @@ impl Summary {
                         .filter(|p| p.tenant.as_str() == tenant.name)
                         .count(),
                     live: obs.live.first().and_then(|l| l.get(&tenant.name)).cloned(),
+                    held_out: accuracy
+                        .as_ref()
+                        .and_then(|a| a.get(index))
+                        .map(|&(before, after)| HeldOut { before, after }),
                 }
             })
             .collect();
@@ -198,6 +213,21 @@ impl Summary {
                 t.swaps,
                 t.live.as_deref().unwrap_or("base"),
             ));
+            if let Some(h) = &t.held_out {
+                out.push_str(&format!(
+                    "  {:<12} held-out sums answered greedily: {} of {} right ({:.2}) → {} of {} \
+                     ({:.2}) at v{}, change {:+.2}\n",
+                    "",
+                    h.before.right,
+                    h.before.asked,
+                    h.before.rate(),
+                    h.after.right,
+                    h.after.asked,
+                    h.after.rate(),
+                    h.after.version,
+                    h.after.rate() - h.before.rate(),
+                ));
+            }
         }
         out.push_str(&self.requests.text());
         out.push_str(&format!(

@@ -13,7 +13,6 @@ use tokio::sync::Notify;
 
 use super::summary::round_means;
 use super::workload::{lock, Plan, State};
-use super::PLUGIN;
 use crate::files::RunDir;
 use crate::report::mean;
 use crate::trainer_log::TrainerLog;
@@ -64,6 +63,7 @@ pub fn spawn(
     let stop = Arc::new(Notify::new());
     let sidecars = plan.sidecars.clone();
     let admin = plan.admin_token.clone();
+    let plugin = plan.plugin;
     let tenants: Vec<String> = plan.tenants.iter().map(|t| t.name.clone()).collect();
     let every = plan.progress_every;
     let rounds = plan.rounds;
@@ -72,7 +72,7 @@ pub fn spawn(
     let task = tokio::spawn(async move {
         let mut last_line = Instant::now();
         loop {
-            poll(&client, &sidecars, &admin, &tenants, &log, &state).await;
+            poll(&client, &sidecars, &admin, plugin, &tenants, &log, &state).await;
             if last_line.elapsed() >= every {
                 last_line = Instant::now();
                 eprintln!("{}", progress(&state, &tenants, &prefs, rounds, started));
@@ -97,6 +97,7 @@ impl Watcher {
             client,
             &plan.sidecars,
             &plan.admin_token,
+            plan.plugin,
             &tenants,
             &run.metrics(),
             state,
@@ -109,6 +110,7 @@ async fn poll(
     client: &reqwest::Client,
     sidecars: &[String],
     admin: &str,
+    plugin: &str,
     tenants: &[String],
     log: &std::path::Path,
     state: &State,
@@ -118,7 +120,7 @@ async fn poll(
         for tenant in tenants {
             let url = format!("{first}/tenants/{tenant}/rewards?limit=200");
             if let Some(body) = get_json(client, &url, admin).await {
-                rewards.extend(plugin_rewards(&body));
+                rewards.extend(plugin_rewards(&body, plugin));
             }
         }
     }
@@ -150,13 +152,13 @@ async fn get_json(client: &reqwest::Client, url: &str, admin: &str) -> Option<Va
     response.json().await.ok()
 }
 
-/// `(trajectory, reward)` of the plugin's points in a rewards listing.
-fn plugin_rewards(body: &Value) -> Vec<(String, f64)> {
+/// `(trajectory, reward)` of `plugin`'s points in a rewards listing.
+fn plugin_rewards(body: &Value, plugin: &str) -> Vec<(String, f64)> {
     body["points"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|p| p["source"].as_str() == Some(PLUGIN))
+        .filter(|p| p["source"].as_str() == Some(plugin))
         .filter_map(|p| Some((p["trajectory"].as_str()?.to_owned(), p["reward"].as_f64()?)))
         .collect()
 }

@@ -2,8 +2,8 @@
 //! concurrently: a rollout is opened through the sidecar's handshake API (as a rollout
 //! orchestrator would), then the agent makes its call to the `base_url` it got, with its own
 //! API key and `X-Clawback-Done: true`, half of them streamed. Calls are spread over the
-//! sidecar replicas. A round starts once the trainer is at most [`LAG`] rounds behind, so the
-//! policy that serves it is recent, and the backend is restarted before the round asked for.
+//! sidecar replicas. A round starts once the trainer is at most [`Plan::lag`] rounds behind, so
+//! the policy that serves it is recent, and the backend is restarted before the round asked for.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -11,17 +11,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use super::sums;
 use super::watch::{self, Observations};
-use crate::chat::MAX_TOKENS;
+use crate::chat::Talk;
 use crate::files::RunDir;
 use crate::processes::Process;
 use crate::report::Requests;
 use crate::{Backend, DemoTenant, BASE_MODEL};
-
-/// How many rounds the workload may run ahead of the trainer.
-const LAG: u32 = 2;
-/// How long a round waits for the trainer before it goes anyway.
-const PACE_WAIT: Duration = Duration::from_secs(60);
 
 /// What to play.
 pub struct Plan {
@@ -32,6 +28,15 @@ pub struct Plan {
     pub group_size: u32,
     pub restart_backend_at: Option<u32>,
     pub progress_every: Duration,
+    /// The plugin whose rewards are read back (`letter_case`, `exact_answer`).
+    pub plugin: &'static str,
+    /// What a group asks: each tenant's prompts in turn, or a fresh sum (from this seed).
+    pub sums: Option<u64>,
+    pub talk: Talk,
+    /// How many rounds the workload may run ahead of the trainer.
+    pub lag: u32,
+    /// How long a round waits for the trainer before it goes on anyway.
+    pub patience: Duration,
 }
 
 /// One rollout the agents ran and got a whole answer for.
@@ -134,6 +139,8 @@ async fn rounds(
                 tenant_index: index,
                 round,
                 size: plan.group_size,
+                sums: plan.sums,
+                talk: plan.talk,
             };
             let state = Arc::clone(state);
             groups.spawn(async move { group.run(&state).await });
@@ -145,7 +152,7 @@ async fn rounds(
     Ok(())
 }
 
-/// Waits until the trainer is done with every tenant's groups up to `round - LAG`.
+/// Waits until the trainer is done with every tenant's groups up to `round - plan.lag`.
 async fn pace(
     plan: &Plan,
     round: u32,
@@ -153,10 +160,11 @@ async fn pace(
     trainer: &mut Process,
     state: &State,
 ) -> Result<()> {
-    let wanted = u64::from(round.saturating_sub(LAG));
+    let wanted = u64::from(round.saturating_sub(plan.lag));
     if !trainer_done_with(plan, wanted, client, trainer, state).await? {
         crate::say(&format!(
-            "round {round}: the trainer is more than {LAG} rounds behind after {PACE_WAIT:?}; going on"
+            "round {round}: the trainer is more than {} rounds behind after {:?}; going on",
+            plan.lag, plan.patience
         ));
     }
     Ok(())
@@ -176,7 +184,7 @@ async fn catch_up(
     Ok(())
 }
 
-/// Waits up to [`PACE_WAIT`] until the trainer is done with `wanted` groups of every tenant —
+/// Waits up to `plan.patience` until the trainer is done with `wanted` groups of every tenant —
 /// or with everything ready, when groups it dropped for equal rewards left no optimizer step to
 /// count; whether it got there. An error if the trainer exits.
 async fn trainer_done_with(
@@ -205,7 +213,7 @@ async fn trainer_done_with(
         if counted || idle().await {
             return Ok(true);
         }
-        if since.elapsed() > PACE_WAIT {
+        if since.elapsed() > plan.patience {
             return Ok(false);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -221,11 +229,26 @@ struct GroupCall {
     tenant_index: usize,
     round: u32,
     size: u32,
+    sums: Option<u64>,
+    talk: Talk,
 }
 
 impl GroupCall {
     async fn run(&self, state: &State) {
-        let prompt = self.tenant.prompts[self.round as usize % self.tenant.prompts.len()];
+        let (prompt, answer) = match self.sums {
+            Some(seed) => {
+                let stream = sums::stream(seed, self.tenant_index);
+                let problem = sums::problem(stream, u64::from(self.round));
+                (problem.question, Some(problem.answer))
+            }
+            None => {
+                let prompts = self.tenant.prompts;
+                (
+                    prompts[self.round as usize % prompts.len()].to_owned(),
+                    None,
+                )
+            }
+        };
         let group_id = format!("{}-round-{}", self.tenant.name, self.round);
         let mut calls = tokio::task::JoinSet::new();
         for i in 0..self.size {
@@ -238,7 +261,9 @@ impl GroupCall {
                 group_id: group_id.clone(),
                 group_size: self.size,
                 round: self.round,
-                prompt,
+                prompt: prompt.clone(),
+                answer: answer.clone(),
+                talk: self.talk,
                 stream: i % 2 == 1,
             };
             calls.spawn(async move { (replica, call.run().await) });
@@ -274,7 +299,10 @@ struct Call {
     group_id: String,
     group_size: u32,
     round: u32,
-    prompt: &'static str,
+    prompt: String,
+    /// The problem's answer: trusted metadata the orchestrator gives the handshake.
+    answer: Option<String>,
+    talk: Talk,
     stream: bool,
 }
 
@@ -289,7 +317,10 @@ impl Call {
                 "tenant": self.tenant.name,
                 "group_id": self.group_id,
                 "group_size": self.group_size,
-                "metadata": {"round": self.round, "prompt": self.prompt},
+                "metadata": match &self.answer {
+                    Some(answer) => json!({"round": self.round, "prompt": self.prompt, "answer": answer}),
+                    None => json!({"round": self.round, "prompt": self.prompt}),
+                },
             }))
             .send()
             .await
@@ -312,12 +343,10 @@ impl Call {
             .header("x-clawback-done", "true")
             .json(&json!({
                 "model": BASE_MODEL,
-                "messages": [
-                    {"role": "system", "content": crate::teach::SYSTEM},
-                    {"role": "user", "content": self.prompt},
-                ],
-                "max_tokens": MAX_TOKENS,
-                "temperature": 1.0,
+                "messages": self.talk.opening(&self.prompt),
+                "max_tokens": self.talk.sampling.max_tokens,
+                "temperature": self.talk.sampling.temperature,
+                "top_p": self.talk.sampling.top_p,
                 "stream": self.stream,
             }));
         let body = crate::chat::success_body(request, "chat completion").await?;

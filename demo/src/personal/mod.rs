@@ -11,8 +11,8 @@ pub mod questions;
 
 use std::path::PathBuf;
 
-use crate::chat::Sampling;
-use crate::feedback::{Base, Knobs, Talk};
+use crate::chat::{Sampling, Talk};
+use crate::feedback::{Base, Knobs};
 use crate::form::Form;
 use crate::taste::Taste;
 use crate::DemoTenant;
