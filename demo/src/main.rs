@@ -36,13 +36,16 @@ struct Cli {
     /// The trainer binary (default: `clawback-trainer` beside this one).
     #[arg(long)]
     trainer: Option<PathBuf>,
+    /// The reference backend's binary (default: `clawback-serve` beside this one).
+    #[arg(long)]
+    serve: Option<PathBuf>,
     /// The folder with the built filter plugins.
     #[arg(long, default_value = "wasm-plugins/target/wasm32-wasip2/release")]
     plugins: PathBuf,
     /// Record into Redis (and train from it) instead of the embedded store.
     #[arg(long)]
     redis: Option<String>,
-    /// What serves the model: `reference` (`clawback-trainer serve`) or `vllm` (the real
+    /// What serves the model: `reference` (`clawback-serve`) or `vllm` (the real
     /// vLLM, from the venv `scripts/run --backend vllm` installs). Default: `vllm` for
     /// `personal`, else `reference`.
     #[arg(long, value_enum)]
@@ -164,6 +167,7 @@ impl Cli {
             dir: self.dir.clone(),
             sidecar: binary(&self.sidecar, "clawback-sidecar")?,
             trainer: binary(&self.trainer, "clawback-trainer")?,
+            serve: binary(&self.serve, "clawback-serve")?,
             plugins: self.plugins.clone(),
             engine,
             redis: self.redis.clone(),

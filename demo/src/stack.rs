@@ -19,6 +19,8 @@ pub struct StackSpec<'a> {
     /// What the engine serves from the run's model folder.
     pub served: Served,
     pub trainer: &'a Path,
+    /// The reference backend's binary (`clawback-serve`).
+    pub serve: &'a Path,
     pub sidecar: &'a Path,
     pub redis: Option<&'a str>,
     pub tenants: &'a [DemoTenant],
@@ -61,7 +63,7 @@ impl Stack {
         };
         let backend = Backend::start(
             spec.engine,
-            spec.trainer.to_owned(),
+            spec.serve.to_owned(),
             run,
             0,
             lora,

@@ -14,14 +14,14 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
-use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
-use clawback_trainer::lora::{LoraAdapter, LoraConfig, Target};
+use clawback_model::chat_template::{ChatInput, ChatTemplate};
+use clawback_model::lora::{LoraAdapter, LoraConfig, Target};
+use clawback_model::model::{Model, Placement};
+use clawback_model::tiny_model::EOS_ID;
+use clawback_model::tokenizer::Tokenizer;
 use clawback_trainer::losses;
-use clawback_trainer::model::{Model, Placement};
 use clawback_trainer::optim::{AdamWConfig, Optimizer};
 use clawback_trainer::schedule::{Decay, LrSchedule};
-use clawback_trainer::tiny_model::EOS_ID;
-use clawback_trainer::tokenizer::Tokenizer;
 
 use crate::style::Case;
 

@@ -17,6 +17,8 @@ COPY Cargo.toml Cargo.lock ./
 COPY datapool datapool
 COPY demo demo
 COPY filters filters
+COPY model model
+COPY serve serve
 COPY sidecar sidecar
 COPY tests tests
 COPY trainer trainer

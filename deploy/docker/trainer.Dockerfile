@@ -24,6 +24,8 @@ COPY .cargo .cargo
 COPY datapool datapool
 COPY demo demo
 COPY filters filters
+COPY model model
+COPY serve serve
 COPY sidecar sidecar
 COPY tests tests
 COPY trainer trainer

@@ -2,8 +2,8 @@
 //! process serving a tiny random Qwen2-shaped model written on the spot by
 //! `clawback-trainer tiny-model`. One server per test binary: it takes half a minute to start.
 //!
-//! Where the venv or the trainer binary live can be overridden with `CLAWBACK_VLLM_PYTHON` and
-//! `CLAWBACK_TRAINER_BIN`.
+//! Where the venv and the trainer and reference-backend binaries live can be overridden with
+//! `CLAWBACK_VLLM_PYTHON`, `CLAWBACK_TRAINER_BIN` and `CLAWBACK_SERVE_BIN`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -38,10 +38,10 @@ pub fn python() -> PathBuf {
         .unwrap_or_else(|| home_cache("vllm-venv/bin/python"))
 }
 
-/// The trainer binary that writes tiny models: the release build `scripts/test` makes, else a
+/// A workspace binary: `$<env>` when set, else the release build `scripts/test` makes, else a
 /// debug build (under `CARGO_TARGET_DIR` when set, as `scripts/test` sets it).
-fn trainer_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("CLAWBACK_TRAINER_BIN") {
+fn workspace_bin(name: &str, env: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(env) {
         return PathBuf::from(bin);
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -49,15 +49,20 @@ fn trainer_bin() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"));
     ["release", "debug"]
         .iter()
-        .map(|profile| target.join(profile).join("clawback-trainer"))
+        .map(|profile| target.join(profile).join(name))
         .find(|bin| bin.is_file())
         .unwrap_or_else(|| {
             panic!(
-                "no clawback-trainer binary under {}: `cargo build --release -p clawback-trainer` \
-                 (scripts/test does it)",
+                "no {name} binary under {}: `cargo build --release --bin {name}` (scripts/test \
+                 does it)",
                 target.display()
             )
         })
+}
+
+/// The trainer binary, which writes tiny models.
+fn trainer_bin() -> PathBuf {
+    workspace_bin("clawback-trainer", "CLAWBACK_TRAINER_BIN")
 }
 
 /// Writes the tiny model (head size 32: vLLM's CPU attention needs at least that).
@@ -168,16 +173,15 @@ pub fn start_serving(model_dir: PathBuf, name: &str, extra: &[&str]) -> Vllm {
     }
 }
 
-/// The reference backend (`clawback-trainer serve`) on the same model folder, for comparing its
+/// The reference backend (`clawback-serve`) on the same model folder, for comparing its
 /// shapes with vLLM's; it lives as long as the test process.
 pub fn start_reference(model_dir: &Path) -> String {
     let port = free_port();
     let dir = scratch_dir("reference-backend");
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     let log = dir.join("serve.log");
-    let mut command = Command::new(trainer_bin());
+    let mut command = Command::new(workspace_bin("clawback-serve", "CLAWBACK_SERVE_BIN"));
     command
-        .arg("serve")
         .arg("--model")
         .arg(model_dir)
         .args(["--served-model-name", MODEL, "--port", &port.to_string()])

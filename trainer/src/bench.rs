@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
-use crate::config::ModelConfig;
-use crate::lora::{LoraAdapter, LoraConfig, LoraError};
 use crate::losses::{self, LossConfig, PolicyBatch};
-use crate::model::{Model, ModelError, Placement};
 use crate::optim::{AdamWConfig, Optimizer};
 use crate::schedule::{Decay, LrSchedule};
+use clawback_model::config::ModelConfig;
+use clawback_model::lora::{LoraAdapter, LoraConfig, LoraError};
+use clawback_model::model::{Model, ModelError, Placement};
 
 /// What went wrong running the benchmark.
 #[derive(Debug, thiserror::Error)]
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn the_100m_preset_has_about_100m_parameters() {
-        let total = crate::model::parameter_count(&Preset::M100.config());
+        let total = clawback_model::model::parameter_count(&Preset::M100.config());
         assert!((90_000_000..130_000_000).contains(&total), "{total}");
     }
 
@@ -213,7 +213,7 @@ mod tests {
         assert!(report.tokens_per_second > 0.0);
         // rank 16 on all 7 projections of 2 layers.
         let c = &spec.model;
-        let per_layer: i64 = crate::lora::Target::ALL
+        let per_layer: i64 = clawback_model::lora::Target::ALL
             .iter()
             .map(|t| {
                 let (i, o) = t.dims(c);

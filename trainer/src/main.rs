@@ -1,23 +1,21 @@
 //! `clawback-trainer`: the trainer's command line. `train` trains per-tenant adapters from the
-//! datapool; `serve` answers OpenAI-compatible HTTP requests with a model folder (the reference
-//! backend); `generate` runs one (and optionally a PEFT adapter) on one chat message; `bench`
-//! measures training throughput; `tiny-model` writes a tiny random model. The demo that runs all
-//! of clawback end to end is its own binary, `clawback-demo`.
+//! datapool; `generate` runs a model (and optionally a PEFT adapter) on one chat message;
+//! `bench` measures training throughput; `tiny-model` writes a tiny random model. The reference
+//! engine is its own binary, `clawback-serve`; the demo that runs all of clawback end to end is
+//! `clawback-demo`.
 
-use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use clawback_model::chat_template::{ChatInput, ChatTemplate};
+use clawback_model::generate::{generate, SamplingParams};
+use clawback_model::lora::{LoraAdapter, LoraConfig};
+use clawback_model::model::{Model, Placement};
+use clawback_model::tokenizer::Tokenizer;
 use clawback_trainer::bench::{self, BenchSpec, Preset};
-use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
-use clawback_trainer::generate::{generate, SamplingParams};
-use clawback_trainer::lora::{LoraAdapter, LoraConfig};
-use clawback_trainer::model::{Model, Placement};
-use clawback_trainer::serve::{ServeOptions, Server};
-use clawback_trainer::tokenizer::Tokenizer;
 use clawback_trainer::train::{self, RunOptions, TrainConfig};
 
 #[derive(Parser)]
@@ -125,51 +123,6 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: Placement,
     },
-    /// Serves a model folder over an OpenAI-compatible HTTP API in vLLM's shapes, with
-    /// runtime LoRA loading (vLLM's endpoints) and full-weight updates (SGLang's).
-    Serve {
-        /// An HF folder: config.json, safetensors, tokenizer.json, tokenizer_config.json.
-        #[arg(long)]
-        model: PathBuf,
-        /// A PEFT adapter to serve from the start, as NAME=DIR (repeatable).
-        #[arg(long = "adapter", value_parser = parse_adapter)]
-        adapters: Vec<(String, PathBuf)>,
-        /// The base model's name in requests and /v1/models (default: the --model path).
-        #[arg(long)]
-        served_model_name: Option<String>,
-        #[arg(long, default_value = "127.0.0.1")]
-        host: IpAddr,
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
-        #[arg(long, default_value = "auto")]
-        device: Placement,
-        /// Sequences decoded at once (one token each per round); later requests queue.
-        #[arg(long, default_value_t = 16)]
-        max_num_seqs: usize,
-        /// CPU threads for libtorch (default: its own choice).
-        #[arg(long)]
-        threads: Option<i32>,
-        /// A directory of PEFT folders: a request for an unknown model named like one of them
-        /// loads it first (vLLM's filesystem LoRA resolver), so a restart loses no adapter.
-        #[arg(long)]
-        lora_resolver_dir: Option<PathBuf>,
-        /// A folder `/v1/load_lora_adapter` may load adapters from (repeatable; the resolver
-        /// directory is one too). Paths outside, symlinks out included, are refused.
-        #[arg(long = "lora-root")]
-        lora_roots: Vec<PathBuf>,
-        /// Adapters loaded at once; a load past it is refused until one is unloaded.
-        #[arg(long, default_value_t = 64)]
-        max_loaded_adapters: usize,
-    },
-}
-
-fn parse_adapter(arg: &str) -> Result<(String, PathBuf), String> {
-    match arg.split_once('=') {
-        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
-            Ok((name.to_owned(), PathBuf::from(dir)))
-        }
-        _ => Err(format!("expected NAME=DIR, got {arg:?}")),
-    }
 }
 
 fn main() -> Result<()> {
@@ -197,14 +150,14 @@ fn main() -> Result<()> {
             kv_heads,
             seed,
         } => {
-            let model = clawback_trainer::tiny_model::TinyModel {
+            let model = clawback_model::tiny_model::TinyModel {
                 layers,
                 hidden,
                 intermediate,
                 heads,
                 kv_heads,
                 seed,
-                ..clawback_trainer::tiny_model::TinyModel::default()
+                ..clawback_model::tiny_model::TinyModel::default()
             };
             model.write(&dir)?;
             println!("{}", dir.display());
@@ -332,49 +285,6 @@ fn main() -> Result<()> {
             };
             let out = generate(&net, adapter.as_ref(), &ids, &params)?;
             println!("{}", tokenizer.decode(&out.token_ids, true)?);
-        }
-        Command::Serve {
-            model,
-            adapters,
-            served_model_name,
-            host,
-            port,
-            device,
-            max_num_seqs,
-            threads,
-            lora_resolver_dir,
-            lora_roots,
-            max_loaded_adapters,
-        } => {
-            if let Some(threads) = threads {
-                tch::set_num_threads(threads);
-            }
-            let options = ServeOptions {
-                lora_resolver_dir,
-                lora_roots,
-                max_loaded_adapters,
-                model,
-                served_model_name,
-                adapters,
-                placement: device,
-                max_num_seqs,
-                addr: SocketAddr::new(host, port),
-            };
-            let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
-            runtime.block_on(async {
-                let server = Server::start(options).await?;
-                // Tests and scripts read the bound address (port 0 picks one) from this line.
-                println!(
-                    "clawback-trainer serve: listening on http://{}",
-                    server.addr()
-                );
-                tokio::signal::ctrl_c()
-                    .await
-                    .context("waiting for ctrl-c")?;
-                server.stop();
-                server.finished().await;
-                anyhow::Ok(())
-            })?;
         }
     }
     Ok(())

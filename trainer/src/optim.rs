@@ -204,7 +204,7 @@ impl Optimizer {
                 ]
             })
             .collect();
-        crate::safetensors_io::write(&named, path).map_err(|source| OptimError::Write {
+        clawback_model::safetensors_io::write(&named, path).map_err(|source| OptimError::Write {
             path: path.display().to_string(),
             source,
         })

@@ -4,10 +4,10 @@
 
 use tch::{Kind, Tensor};
 
-use crate::lora::LoraAdapter;
 use crate::losses::token_logprobs;
-use crate::model::{Model, ModelError};
 use crate::sampler::Sampler;
+use clawback_model::lora::LoraAdapter;
+use clawback_model::model::{Model, ModelError};
 
 /// Which weights score the completion under the hint-augmented context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,9 +63,9 @@ pub fn completion_logprobs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::{generate, SamplingParams};
-    use crate::lora::LoraConfig;
-    use crate::test_support::tiny_model;
+    use clawback_model::generate::{generate, SamplingParams};
+    use clawback_model::lora::LoraConfig;
+    use clawback_model::test_support::tiny_model;
 
     #[test]
     fn scoring_a_sampled_completion_gives_the_logprobs_generation_reported() {

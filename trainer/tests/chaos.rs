@@ -2,7 +2,7 @@
 //! (handshake API) through two sidecar replicas behind a real NGINX, the sidecars record into
 //! one Redis, a `user_feedback` plugin and the rollouts' own rewards score them, and the trainer
 //! learns from them — while a seeded monkey SIGKILLs and restarts a replica, Redis, the backend
-//! (the reference backend, `clawback-trainer serve`) or the trainer, one at a time.
+//! (the reference backend, `clawback-serve`) or the trainer, one at a time.
 //!
 //! At the end, with everything up again, the invariants:
 //! - every call an agent got a whole answer for is recorded exactly once (found by the marker in
@@ -43,14 +43,19 @@ fn trainer_binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_clawback-trainer"))
 }
 
-fn sidecar_binary() -> PathBuf {
-    let path = trainer_binary().with_file_name("sidecar");
+/// A workspace binary built beside the trainer's (`cargo test --workspace` builds them all).
+fn beside_trainer(name: &str, package: &str) -> PathBuf {
+    let path = trainer_binary().with_file_name(name);
     assert!(
         path.is_file(),
-        "{} is missing: cargo build -p clawback-tests --bin sidecar",
+        "{} is missing: cargo build -p {package} --bin {name}",
         path.display()
     );
     path
+}
+
+fn sidecar_binary() -> PathBuf {
+    beside_trainer("sidecar", "clawback-tests")
 }
 
 fn plugin_dir(dir: &Path) -> PathBuf {
@@ -503,7 +508,7 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
 
     // The model, Redis, the backend.
     let model = dir.join("model");
-    clawback_trainer::tiny_model::TinyModel::default()
+    clawback_model::tiny_model::TinyModel::default()
         .write(&model)
         .expect("tiny model");
     std::fs::create_dir_all(dir.join("redis")).expect("redis dir");
@@ -513,9 +518,8 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
     let mut backend = {
         let model = model.clone();
         Restartable::start("the backend", dir.join("backend.log"), move || {
-            let mut command = Command::new(trainer_binary());
+            let mut command = Command::new(beside_trainer("clawback-serve", "clawback-serve"));
             command
-                .arg("serve")
                 .arg("--model")
                 .arg(&model)
                 .args([

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
-use clawback_trainer::generate::{generate, SamplingParams};
-use clawback_trainer::lora::{LoraAdapter, LoraConfig, Target};
-use clawback_trainer::model::{Model, Placement};
-use clawback_trainer::tokenizer::Tokenizer;
+use clawback_model::chat_template::{ChatInput, ChatTemplate};
+use clawback_model::generate::{generate, SamplingParams};
+use clawback_model::lora::{LoraAdapter, LoraConfig, Target};
+use clawback_model::model::{Model, Placement};
+use clawback_model::tokenizer::Tokenizer;
 use serde_json::Value;
 use tch::{Kind, Tensor};
 

@@ -5,14 +5,14 @@
 //! The task: after any prompt, emit tokens from the first fifth of the vocabulary. A random
 //! model does that a fifth of the time; reward is the share of completion tokens that do.
 
-use clawback_trainer::config::ModelConfig;
-use clawback_trainer::generate::{generate, SamplingParams};
-use clawback_trainer::lora::{LoraAdapter, LoraConfig};
+use clawback_model::config::ModelConfig;
+use clawback_model::generate::{generate, SamplingParams};
+use clawback_model::lora::{LoraAdapter, LoraConfig};
+use clawback_model::model::{Model, Placement};
+use clawback_model::weights::Checkpoint;
 use clawback_trainer::losses::{self, GroupNormalization, LossConfig, PolicyBatch};
-use clawback_trainer::model::{Model, Placement};
 use clawback_trainer::optim::{AdamWConfig, Optimizer};
 use clawback_trainer::schedule::{Decay, LrSchedule};
-use clawback_trainer::weights::Checkpoint;
 use tch::{Device, Kind, Tensor};
 
 const VOCAB: i64 = 50;

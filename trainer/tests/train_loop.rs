@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use clawback_datapool::{
     LocalStore, RedisConfig, RedisStore, StepId, TenantId, Tokens, Trajectory, TrajectoryId,
 };
-use clawback_trainer::config::ModelConfig;
-use clawback_trainer::lora::LoraAdapter;
+use clawback_model::config::ModelConfig;
+use clawback_model::lora::LoraAdapter;
 use clawback_trainer::train::{self, RunOptions, TrainConfig};
 use common::{checkpoints, fresh_tenant, record, tiny_model_dir, unacked};
 

@@ -16,10 +16,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clawback_datapool::{Complete, CompletionReason, Store, TenantId};
+use clawback_model::tiny_model::TinyModel;
 use clawback_sidecar::config::UpstreamKind;
 use clawback_tests::harness::{scratch_dir, test_config, Sidecar};
 use clawback_tests::vllm::{self, MODEL};
-use clawback_trainer::tiny_model::TinyModel;
 use clawback_trainer::train::{self, RunOptions, TrainConfig};
 use serde_json::{json, Value};
 

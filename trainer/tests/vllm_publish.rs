@@ -5,26 +5,35 @@
 //! request. A load vLLM refuses (no adapter in the folder: 404; a rank above `--max-lora-rank`:
 //! 500) leaves the previous version live.
 
-#[allow(unused_imports)]
-mod serve_support;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clawback_datapool::{Store, TenantId, Tokens};
+use clawback_model::tiny_model::TinyModel;
 use clawback_sidecar::config::UpstreamKind;
 use clawback_tests::harness::{scratch_dir, test_config, Sidecar};
 use clawback_tests::vllm::{self, MODEL};
 use clawback_trainer::publish::{
     Backend, BackendKind, PublishConfig, Publisher, Sidecar as Watched,
 };
-use clawback_trainer::tiny_model::TinyModel;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use serve_support::write_adapter;
 
 const ADMIN: &str = "publish-admin-token";
+
+/// Writes an adapter for the model in `model_dir` that moves its outputs, named for vLLM's base.
+fn write_adapter(model_dir: &std::path::Path, dir: &std::path::Path, seed: i64, rank: i64) {
+    let config = clawback_model::config::ModelConfig::from_dir(model_dir).expect("its config");
+    let lora = clawback_model::lora::LoraConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        ..Default::default()
+    };
+    clawback_model::test_support::random_adapter(&config, lora, seed, 0.5)
+        .save(dir, Some(MODEL))
+        .expect("the adapter saves");
+}
 const MAX_LORA_RANK: i64 = 8;
 
 /// One streamed chat call through the sidecar; the adapter that served it, or why it failed.

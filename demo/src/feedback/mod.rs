@@ -28,7 +28,7 @@ use rand::SeedableRng;
 pub use summary::Summary;
 pub use workload::{Pacing, Schedule};
 
-use clawback_trainer::tiny_model::TinyModel;
+use clawback_model::tiny_model::TinyModel;
 
 use crate::chart::{self, Chart, Line, Panel};
 use crate::chat::Talk;
@@ -250,6 +250,7 @@ fn run_arm(
         engine: &common.engine,
         served,
         trainer: &common.trainer,
+        serve: &common.serve,
         sidecar: &common.sidecar,
         redis: common.redis.as_deref(),
         tenants,

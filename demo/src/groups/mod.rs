@@ -150,6 +150,7 @@ pub fn run(options: &GroupOptions) -> Result<Summary> {
         engine: &common.engine,
         served,
         trainer: &common.trainer,
+        serve: &common.serve,
         sidecar: &common.sidecar,
         redis: common.redis.as_deref(),
         tenants: &tenants,

@@ -34,6 +34,8 @@ pub fn demo(dir: &Path) -> Command {
         .arg(beside_demo("sidecar", "clawback-tests"))
         .arg("--trainer")
         .arg(beside_demo("clawback-trainer", "clawback-trainer"))
+        .arg("--serve")
+        .arg(beside_demo("clawback-serve", "clawback-serve"))
         .arg("--plugins")
         .arg(plugins);
     command

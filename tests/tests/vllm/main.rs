@@ -396,7 +396,7 @@ async fn the_mock_engine_answers_in_the_shapes_vllm_sends() {
     assert_shapes_match("mock", &mock.url()).await;
 }
 
-/// The reference backend (`clawback-trainer serve`, the demo's default engine) on the same model
+/// The reference backend (`clawback-serve`, the demo's default engine) on the same model
 /// answers in vLLM's shapes too.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_reference_backend_answers_in_the_shapes_vllm_sends() {

@@ -14,7 +14,7 @@ pub enum BackendKind {
     Vllm,
     /// `POST /load_lora_adapter`, `/unload_lora_adapter`, `/update_weights_from_disk`.
     Sglang,
-    /// `clawback-trainer serve`: vLLM's LoRA endpoints, SGLang's weight reload.
+    /// `clawback-serve`: vLLM's LoRA endpoints, SGLang's weight reload.
     Reference,
 }
 

@@ -18,10 +18,10 @@ use clawback_datapool::{DeliveryId, StepId, TenantId, UnixMs};
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
-use crate::config::ModelConfig;
-use crate::lora::{LoraAdapter, LoraError};
 use crate::optim::{OptimError, Optimizer};
 use crate::samples::SeenSteps;
+use clawback_model::config::ModelConfig;
+use clawback_model::lora::{LoraAdapter, LoraError};
 
 const STATE_FILE: &str = "state.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -230,10 +230,10 @@ fn sync_tree(dir: &Path) -> Result<(), CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lora::LoraConfig;
     use crate::optim::AdamWConfig;
     use crate::schedule::{Decay, LrSchedule};
-    use crate::test_support::tiny_config;
+    use clawback_model::lora::LoraConfig;
+    use clawback_model::test_support::tiny_config;
 
     fn parts() -> (LoraAdapter, Optimizer) {
         let adapter = LoraAdapter::new(&tiny_config(), LoraConfig::default(), Device::Cpu)

@@ -14,14 +14,14 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
 
-use crate::lora::{LoraConfig, Target};
 use crate::losses::{AdvantageWeights, ClipRange, GroupNormalization, LossConfig};
-use crate::model::Placement;
 use crate::optim::AdamWConfig;
 use crate::publish::PublishConfig;
 use crate::sampler::{EngineDefaults, LogprobsMode, SamplerError};
 use crate::schedule::{Decay, LrSchedule};
 use crate::scoring::Teacher;
+use clawback_model::lora::{LoraConfig, Target};
+use clawback_model::model::Placement;
 
 /// What is wrong with the configuration, naming the key.
 #[derive(Debug, thiserror::Error)]

@@ -1,12 +1,12 @@
 //! The `train` command's one error type: what stopped the training loop, in the operator's words.
 
-use crate::lora::LoraError;
 use crate::losses::LossError;
-use crate::model::ModelError;
 use crate::sampler::SamplerError;
 use crate::train::checkpoint::CheckpointError;
 use crate::train::config::ConfigError;
 use crate::train::metrics::MetricsError;
+use clawback_model::lora::LoraError;
+use clawback_model::model::ModelError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {

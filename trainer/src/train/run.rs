@@ -19,7 +19,6 @@ use clawback_datapool::{
 };
 use tokio::runtime::Runtime;
 
-use crate::model::Model;
 use crate::publish::Publisher;
 use crate::sampler::EngineDefaults;
 use crate::train::config::{Tenants, TrainConfig};
@@ -27,6 +26,7 @@ use crate::train::error::TrainError;
 use crate::train::metrics::{Metrics, PublishReport};
 use crate::train::tenant::{score_options, TenantTrainer};
 use crate::train::text::TextCodec;
+use clawback_model::model::Model;
 
 /// The embedded store's file inside a data directory: the sidecar's `store::LOCAL_FILE`.
 pub const LOCAL_FILE: &str = "clawback.sqlite3";

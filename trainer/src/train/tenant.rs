@@ -15,12 +15,10 @@ use std::time::{Duration, Instant};
 use clawback_datapool::{DeliveryId, StepId, TenantId, TrajectoryRecord, UnixMs};
 use tch::{Kind, Tensor};
 
-use crate::lora::{LoraAdapter, LoraError};
 use crate::losses::{
     combined_advantages, opd_advantages, policy_loss, token_logprobs, AdvantageSource,
     AdvantageWeights, LossConfig, PolicyBatch,
 };
-use crate::model::Model;
 use crate::optim::Optimizer;
 use crate::sampler::EngineDefaults;
 use crate::samples::{SampleOptions, SampleStats, SeenSteps};
@@ -32,6 +30,8 @@ use crate::train::config::TrainConfig;
 use crate::train::error::TrainError;
 use crate::train::metrics::{Agreement, CheckpointReport, OpdAdvantage, Signal, StepReport};
 use crate::train::text::TextCodec;
+use clawback_model::lora::{LoraAdapter, LoraError};
+use clawback_model::model::Model;
 
 /// The scored samples of one delivery, waiting for an optimizer step.
 struct Queued {

@@ -8,8 +8,8 @@ use std::path::Path;
 use clawback_datapool::Step;
 use serde_json::{json, Value as Json};
 
-use crate::chat_template::{with_hint, ChatInput, ChatTemplate, TemplateError};
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use clawback_model::chat_template::{with_hint, ChatInput, ChatTemplate, TemplateError};
+use clawback_model::tokenizer::{Tokenizer, TokenizerError};
 
 /// What went wrong turning a step's text into ids.
 #[derive(Debug, thiserror::Error)]

@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use clawback_trainer::chat_template::{ChatInput, ChatTemplate};
-use clawback_trainer::lora::{LoraAdapter, LoraConfig, Target};
-use clawback_trainer::model::{Model, Placement};
-use clawback_trainer::tokenizer::Tokenizer;
+use clawback_model::chat_template::{ChatInput, ChatTemplate};
+use clawback_model::lora::{LoraAdapter, LoraConfig, Target};
+use clawback_model::model::{Model, Placement};
+use clawback_model::test_support::random_adapter;
+use clawback_model::tokenizer::Tokenizer;
 use serde_json::Value;
 use tch::{Kind, Tensor};
 
@@ -199,15 +200,7 @@ fn an_adapter_the_trainer_saves_gives_its_logits_through_peft() {
         targets: Target::ALL.to_vec(),
         use_rslora: false,
     };
-    tch::manual_seed(5);
-    let adapter = LoraAdapter::new(model.config(), config, tch::Device::Cpu).expect("an adapter");
-    // B starts at zero in training; make it non-zero so the delta shows.
-    tch::no_grad(|| {
-        for (_, mut var) in adapter.var_store().variables() {
-            let noise = Tensor::randn(var.size(), (Kind::Float, tch::Device::Cpu)) * 0.02;
-            var.copy_(&noise);
-        }
-    });
+    let adapter = random_adapter(model.config(), config, 5, 0.02);
     let adapter_dir = work.join("adapter");
     adapter
         .save(&adapter_dir, model_dir().to_str())

@@ -1,4 +1,4 @@
-//! `clawback-trainer serve` over real HTTP on loopback, with a tiny random model on the CPU:
+//! `clawback-serve` over real HTTP on loopback, with a tiny random model on the CPU:
 //! vLLM's response shapes with token ids and logprobs, streams that add up to the whole
 //! answer, the refusals, and hot swaps (LoRA load/unload, full weights) that never fail or
 //! change a request already running.
@@ -7,7 +7,7 @@ mod serve_support;
 
 use std::process::Stdio;
 
-use clawback_trainer::Tokenizer;
+use clawback_model::Tokenizer;
 use serde_json::{json, Value};
 use serve_support::{
     expected_prompt, start, start_with_resolver, temp_dir, write_adapter, write_model, Client,
@@ -602,9 +602,8 @@ async fn swaps_during_concurrent_streams_fail_none_and_change_none_already_runni
 async fn the_serve_command_listens_where_it_says_and_answers() {
     let dir = temp_dir("command");
     write_model(&dir, 11, 1);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_clawback-trainer"))
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_clawback-serve"))
         .args([
-            "serve",
             "--device",
             "cpu",
             "--port",

@@ -193,7 +193,7 @@ impl SamplingFields {
         let bad = |m: String| Err(ServeError::BadRequest(m));
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return bad(format!(
-                "n = {n} is not supported: clawback-trainer serve generates one choice per \
+                "n = {n} is not supported: clawback-serve generates one choice per \
                  request (send {n} requests instead)"
             ));
         }

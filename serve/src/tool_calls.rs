@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::pyjson::{self, DumpOptions};
+use clawback_model::pyjson::{self, DumpOptions};
 
 pub const START: &str = "<tool_call>";
 pub const END: &str = "</tool_call>";

@@ -7,7 +7,7 @@
 //! multi-byte character whose remaining bytes are still to come) nothing is emitted. A
 //! completion is short enough that the repeated decoding costs less than one forward pass.
 
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use clawback_model::tokenizer::{Tokenizer, TokenizerError};
 
 /// What one more token did to the visible text.
 #[derive(Debug, Clone, PartialEq, Eq)]

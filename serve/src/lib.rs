@@ -1,8 +1,9 @@
-//! `clawback-trainer serve`: an OpenAI-compatible reference backend over the trainer's own
-//! model code, for CPU tests and demos. It answers in vLLM's (≈0.11) JSON and SSE shapes —
-//! `return_token_ids`, logprobs, usage, tool calls as vLLM's hermes parser returns them —
-//! and hot-swaps LoRA adapters (vLLM's endpoints) and full weights (SGLang's), so that the
-//! sidecar and the trainer's publishing can be exercised end to end without a GPU engine.
+//! `clawback-serve`: an OpenAI-compatible reference backend over clawback-model's decoder
+//! (the one the trainer trains), for CPU tests and demos. It answers in vLLM's (≈0.11) JSON
+//! and SSE shapes — `return_token_ids`, logprobs, usage, tool calls as vLLM's hermes parser
+//! returns them — and hot-swaps LoRA adapters (vLLM's endpoints) and full weights (SGLang's),
+//! so that the sidecar and the trainer's publishing can be exercised end to end without a GPU
+//! engine.
 //!
 //! | file | job |
 //! |---|---|
@@ -36,10 +37,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::chat_template::ChatTemplate;
-use crate::config::ModelConfig;
-use crate::model::{Model, ModelError, Placement};
-use crate::tokenizer::Tokenizer;
+use clawback_model::chat_template::ChatTemplate;
+use clawback_model::config::ModelConfig;
+use clawback_model::model::{Model, ModelError, Placement};
+use clawback_model::tokenizer::Tokenizer;
 
 pub use error::ServeError;
 

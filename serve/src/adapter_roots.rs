@@ -44,7 +44,7 @@ impl AdapterRoots {
                 Ok(root) => Some(root),
                 Err(e) => {
                     eprintln!(
-                        "clawback-trainer serve: adapter root {} is not usable: {e}",
+                        "clawback-serve: adapter root {} is not usable: {e}",
                         root.display()
                     );
                     None

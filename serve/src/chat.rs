@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::chat_template::ChatInput;
+use clawback_model::chat_template::ChatInput;
 
 use super::app::{unix_seconds, App};
 use super::engine::SampledToken;

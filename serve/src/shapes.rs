@@ -5,8 +5,8 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::generate::FinishReason;
-use crate::tokenizer::Tokenizer;
+use clawback_model::generate::FinishReason;
+use clawback_model::tokenizer::Tokenizer;
 
 use super::engine::{ModelEntry, SampledToken};
 use super::tool_calls::ToolCall;

@@ -16,10 +16,10 @@ use std::sync::mpsc;
 use tch::Tensor;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
-use crate::generate::{self, FinishReason, SplitMix64};
-use crate::kv_cache::KvCache;
-use crate::lora::LoraAdapter;
-use crate::model::Model;
+use clawback_model::generate::{self, FinishReason, SplitMix64};
+use clawback_model::kv_cache::KvCache;
+use clawback_model::lora::LoraAdapter;
+use clawback_model::model::Model;
 
 use super::error::ServeError;
 

@@ -7,15 +7,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use clawback_trainer::config::ModelConfig;
-use clawback_trainer::lora::{LoraAdapter, LoraConfig};
-use clawback_trainer::model::Placement;
-use clawback_trainer::serve::{ServeOptions, Server};
-use clawback_trainer::tiny_model::TinyModel;
-pub use clawback_trainer::tiny_model::EOS_ID;
-use clawback_trainer::{ChatInput, ChatTemplate, Tokenizer};
+use clawback_model::config::ModelConfig;
+use clawback_model::lora::LoraConfig;
+use clawback_model::model::Placement;
+use clawback_model::test_support::random_adapter;
+use clawback_model::tiny_model::TinyModel;
+pub use clawback_model::tiny_model::EOS_ID;
+use clawback_model::{ChatInput, ChatTemplate, Tokenizer};
+use clawback_serve::{ServeOptions, Server};
 use serde_json::Value;
-use tch::{Device, Tensor};
 
 pub const BASE: &str = "tiny-qwen";
 
@@ -60,19 +60,12 @@ pub fn write_model(dir: &Path, seed: i64, layers: i64) {
 pub fn write_adapter(model_dir: &Path, dir: &Path, seed: i64, rank: i64) {
     let config = ModelConfig::from_dir(model_dir).unwrap();
     let _rng = torch_rng();
-    tch::manual_seed(seed);
     let lora = LoraConfig {
         rank,
         alpha: 2.0 * rank as f64,
         ..LoraConfig::default()
     };
-    let adapter = LoraAdapter::new(&config, lora, Device::Cpu).unwrap();
-    tch::no_grad(|| {
-        for (_, mut var) in adapter.var_store().variables() {
-            let noise = Tensor::randn_like(&var) * 0.5;
-            var.copy_(&noise);
-        }
-    });
+    let adapter = random_adapter(&config, lora, seed, 0.5);
     adapter.save(dir, Some(BASE)).unwrap();
 }
 

@@ -20,20 +20,21 @@ pub async fn handle(app: Arc<App>, body: &[u8]) -> Reply {
     let top_logprobs = request.top_logprobs()?;
     if request.echo {
         return Err(ServeError::BadRequest(
-            "echo is not supported by clawback-trainer serve.".to_owned(),
+            "echo is not supported by clawback-serve.".to_owned(),
         ));
     }
-    let prompt =
-        match &request.prompt {
-            Prompt::Text(text) => app.tokenizer.encode(text, true)?,
-            Prompt::Ids(ids) => ids.clone(),
-            Prompt::Texts(texts) if texts.len() == 1 => app.tokenizer.encode(&texts[0], true)?,
-            Prompt::IdLists(lists) if lists.len() == 1 => lists[0].clone(),
-            _ => return Err(ServeError::BadRequest(
-                "clawback-trainer serve takes one prompt per request (send a request per prompt)."
+    let prompt = match &request.prompt {
+        Prompt::Text(text) => app.tokenizer.encode(text, true)?,
+        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Texts(texts) if texts.len() == 1 => app.tokenizer.encode(&texts[0], true)?,
+        Prompt::IdLists(lists) if lists.len() == 1 => lists[0].clone(),
+        _ => {
+            return Err(ServeError::BadRequest(
+                "clawback-serve takes one prompt per request (send a request per prompt)."
                     .to_owned(),
-            )),
-        };
+            ))
+        }
+    };
     let generation = reply::start(
         &app,
         request.model.clone(),

@@ -91,7 +91,7 @@ pub fn generate(
 }
 
 /// The logits of the last position of the first sequence, as f32 on the host.
-pub(crate) fn last_position(logits: &Tensor) -> Result<Vec<f32>, ModelError> {
+pub fn last_position(logits: &Tensor) -> Result<Vec<f32>, ModelError> {
     let seq = logits.size()[1];
     let last = logits
         .get(0)
@@ -101,7 +101,7 @@ pub(crate) fn last_position(logits: &Tensor) -> Result<Vec<f32>, ModelError> {
     Vec::<f32>::try_from(&last).map_err(|e| ModelError::Tensor(e.to_string()))
 }
 
-pub(crate) fn argmax(logits: &[f32]) -> usize {
+pub fn argmax(logits: &[f32]) -> usize {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
         if l > logits[best] {
@@ -111,7 +111,7 @@ pub(crate) fn argmax(logits: &[f32]) -> usize {
     best
 }
 
-pub(crate) fn log_softmax_at(logits: &[f32], index: usize) -> f64 {
+pub fn log_softmax_at(logits: &[f32], index: usize) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let log_sum: f64 = logits
         .iter()
@@ -121,7 +121,7 @@ pub(crate) fn log_softmax_at(logits: &[f32], index: usize) -> f64 {
     logits[index] as f64 - max - log_sum
 }
 
-pub(crate) fn sample(logits: &[f32], temperature: f64, top_p: f64, rng: &mut SplitMix64) -> usize {
+pub fn sample(logits: &[f32], temperature: f64, top_p: f64, rng: &mut SplitMix64) -> usize {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut probs: Vec<(usize, f64)> = logits
         .iter()
@@ -154,10 +154,10 @@ pub(crate) fn sample(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Spl
 
 /// A small, fast, seedable generator (Steele et al.'s SplitMix64); sampling needs
 /// reproducibility, not cryptographic strength.
-pub(crate) struct SplitMix64(pub(crate) u64);
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

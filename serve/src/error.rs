@@ -4,10 +4,10 @@
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::chat_template::TemplateError;
-use crate::lora::LoraError;
-use crate::model::ModelError;
-use crate::tokenizer::TokenizerError;
+use clawback_model::chat_template::TemplateError;
+use clawback_model::lora::LoraError;
+use clawback_model::model::ModelError;
+use clawback_model::tokenizer::TokenizerError;
 
 /// What went wrong serving a request, loading a model or swapping weights.
 #[derive(Debug, thiserror::Error)]

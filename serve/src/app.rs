@@ -12,12 +12,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
-use crate::chat_template::ChatTemplate;
-use crate::config::ModelConfig;
-use crate::generate::SplitMix64;
-use crate::lora::LoraAdapter;
-use crate::model::{Model, ModelError, Placement};
-use crate::tokenizer::Tokenizer;
+use clawback_model::chat_template::ChatTemplate;
+use clawback_model::config::ModelConfig;
+use clawback_model::generate::SplitMix64;
+use clawback_model::lora::LoraAdapter;
+use clawback_model::model::{Model, ModelError, Placement};
+use clawback_model::tokenizer::Tokenizer;
 
 use super::adapter_roots::{check_name, RuntimeAdapters};
 use super::engine::{Command, Event, Job, ModelEntry, Sampling};
