@@ -96,6 +96,8 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, chart: &Chart) -> Resu
         plot.configure_mesh()
             .x_desc(chart.x_label.as_str())
             .y_desc(chart.y_label.as_str())
+            // One label per step on short runs (more would repeat a rounded step).
+            .x_labels((x_end.ceil() as usize + 1).min(11))
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| format!("{y:.1}"))
             .max_light_lines(1)

@@ -260,7 +260,7 @@ async fn served_in_f32_the_trainer_scores_exactly_what_vllm_sampled_under_its_de
     assert!(mean(&m.naive) > 0.1, "{}", m.naive);
 }
 
-/// Served in bf16 (what deployments run; vLLM's LoRA has no f32), rounding sets a floor: the
+/// Served in bf16 (what deployments run), rounding sets a floor: the
 /// trainer under the sampler in force is as close to vLLM as at temperature 1 without
 /// truncation, and an order of magnitude closer than scoring at temperature 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

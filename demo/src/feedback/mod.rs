@@ -1,12 +1,11 @@
 //! The feedback loop: OpenClaw-RL's loop, end to end — the `feedback` scenario on the tiny
 //! taught model and the `personal` one on a real model ([`crate::personal`]). Two tenants, each
 //! a simulated user holding long multi-turn sessions with opposite tastes ([`user`]); no
-//! groups, no handshake —
-//! plain chat calls the sidecars stitch. The signal is the user's next message: the
-//! `user_feedback` plugin gives the previous turn −1 (a correction) or +1 (thanks, moving on),
-//! and `correction_hint` turns a correction into a one-sentence directive hint. The trainer
-//! learns from them in one of three arms — binary RL only, hint distillation (OPD) only, both
-//! — each run on its own stack from the same base model, with the same users' seeds.
+//! groups, no handshake — plain chat calls the sidecars stitch. The signal is the user's next
+//! message: the `user_feedback` plugin gives the previous turn −1 (a correction) or +1 (thanks,
+//! moving on), and `correction_hint` turns a correction into a one-sentence directive hint. The
+//! trainer learns from them in one of three arms — binary RL only, hint distillation (OPD)
+//! only, both — each run on its own stack from the same base model, with the same users' seeds.
 //! Probes measure each tenant's preferred-style rate *with no hint in the context* before the
 //! arm and after its optimizer steps; a chart draws the rate over optimizer steps, one line
 //! per arm.
@@ -385,7 +384,7 @@ fn rate_chart(summary: &Summary) -> Chart {
                 learned from the users' next messages"
             .into(),
         x_label: "optimizer steps (adapter version live)".into(),
-        y_label: "replies in the preferred case".into(),
+        y_label: "replies in the preferred style".into(),
         y_range: (0.0, 1.0),
         panels,
         marks_label: "a version went live".into(),
