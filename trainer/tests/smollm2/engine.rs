@@ -70,26 +70,62 @@ async fn recorded(
     records
 }
 
+/// vLLM's answer as ids and logprobs: a JSON body's, or a stream's chunks in order (the prompt's
+/// ids come with the first chunk that has them).
+fn answer_tokens(text: &str, stream: bool) -> (Vec<u32>, Vec<u32>, Vec<f64>) {
+    let events: Vec<Value> = if stream {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).expect("a JSON chunk"))
+            .collect()
+    } else {
+        vec![serde_json::from_str(text).expect("a JSON body")]
+    };
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .map(|x| x as u32)
+            .collect()
+    };
+    let (mut prompt, mut completion, mut logprobs) = (Vec::new(), Vec::new(), Vec::new());
+    for event in &events {
+        let choice = &event["choices"][0];
+        if prompt.is_empty() {
+            prompt = ids(&event["prompt_token_ids"]);
+            if prompt.is_empty() {
+                prompt = ids(&choice["prompt_token_ids"]);
+            }
+        }
+        completion.extend(ids(&choice["token_ids"]));
+        logprobs.extend(
+            choice["logprobs"]["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e["logprob"].as_f64()),
+        );
+    }
+    (prompt, completion, logprobs)
+}
+
+/// The agent asks for vLLM's ids and logprobs itself, so the very answer the sidecar recorded
+/// from is in its hands: the recording must be that answer's ids and logprobs to the last digit.
+/// (Asking vLLM again would not do: batched beside the other tests' calls, the same request's
+/// logprobs differ in the sixth digit. The tiny-model tier checks the path where the sidecar
+/// asks for them on the agent's behalf.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_recorded_ids_and_logprobs_of_the_real_model_are_vllms_own() {
     let sidecar = sidecar(true).await;
-    let engine = started_engine().await;
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
-    let question = |extra: Value| {
-        let mut body = json!({"model": SERVED, "temperature": 0, "max_tokens": 32,
-            "messages": [{"role": "user", "content": "How do I make a cup of green tea?"}]});
-        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
-            body.extend(extra.clone());
-        }
-        body
-    };
     for (tenant, stream) in [("ids-plain", false), ("ids-stream", true)] {
-        chat(
-            &sidecar.url(""),
-            &question(json!({"stream": stream})),
-            &[("x-clawback-tenant", tenant)],
-        )
-        .await;
+        let body = json!({"model": SERVED, "temperature": 0, "max_tokens": 32, "stream": stream,
+            "logprobs": true, "return_token_ids": true,
+            "messages": [{"role": "user", "content": "How do I make a cup of green tea?"}]});
+        let answer = chat(&sidecar.url(""), &body, &[("x-clawback-tenant", tenant)]).await;
+        let (prompt, completion, logprobs) = answer_tokens(&answer, stream);
         let tenant = TenantId::new(tenant).expect("tenant");
         let records = recorded(&store, &tenant, 1).await;
         let step = &records.first().expect("a trajectory").steps[0];
@@ -101,48 +137,17 @@ async fn the_recorded_ids_and_logprobs_of_the_real_model_are_vllms_own() {
             .iter()
             .map(|l| l.logprob)
             .collect();
-        let logprobs_of = |v: &Value| -> Vec<f64> {
-            v["choices"][0]["logprobs"]["content"]
-                .as_array()
-                .expect("logprobs")
-                .iter()
-                .filter_map(|e| e["logprob"].as_f64())
-                .collect()
-        };
-        // A request batched with another test's is summed in another order: ask until one
-        // answer is summed as the recorded one was (ids never differ).
-        let asked = question(json!({"return_token_ids": true, "logprobs": true}));
-        let mut direct = Value::Null;
-        for _ in 0..5 {
-            direct = serde_json::from_str(&chat(&engine.url, &asked, &[]).await).expect("JSON");
-            if logprobs_of(&direct) == recorded {
-                break;
-            }
-        }
-        let ids = |v: &Value| -> Vec<u32> {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_u64)
-                        .map(|x| x as u32)
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        assert_eq!(
-            tokens.prompt_token_ids,
-            ids(&direct["prompt_token_ids"]),
-            "{tenant}"
+        assert!(
+            !prompt.is_empty() && !completion.is_empty(),
+            "{tenant}: {answer:.600}"
         );
+        assert_eq!(tokens.prompt_token_ids, prompt, "{tenant}: prompt ids");
         assert_eq!(
-            tokens.completion_token_ids,
-            ids(&direct["choices"][0]["token_ids"]),
+            tokens.completion_token_ids, completion,
             "{tenant}: completion ids"
         );
-        assert_eq!(recorded, logprobs_of(&direct), "{tenant}: logprobs");
-        let text = direct["choices"][0]["message"]["content"].as_str();
-        assert_eq!(step.output.content.as_deref(), text, "{tenant}: the reply");
-        assert!(!recorded.is_empty() && recorded.iter().all(|l| l.is_finite() && *l <= 0.0));
+        assert_eq!(recorded, logprobs, "{tenant}: logprobs");
+        assert!(recorded.iter().all(|l| l.is_finite() && *l <= 0.0));
     }
 }
 
