@@ -71,9 +71,6 @@ fn on_the_real_vllm_every_version_is_swapped_in_with_no_failed_request() {
         "--progress-every",
         "5",
     ]);
-    if let Some(python) = std::env::var_os("CLAWBACK_VLLM_PYTHON") {
-        command.arg("--vllm-python").arg(python);
-    }
     let (summary, context) = common::run(command, &dir);
     assert!(
         summary["engine"]

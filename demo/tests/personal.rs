@@ -28,9 +28,6 @@ fn hints_teach_a_real_model_each_tenants_form_without_the_hint() {
         .args(["--rounds", "3", "--lr", "1e-3"])
         .args(["--final-probes", "24", "--probe-every", "100"])
         .args(["--progress-every", "30"]);
-    if let Some(python) = std::env::var_os("CLAWBACK_VLLM_PYTHON") {
-        command.arg("--vllm-python").arg(python);
-    }
     let (summary, context) = common::run(command, &dir);
     let arm = &summary["arms"][0];
     assert_eq!(arm["arm"], "opd", "{context}");

@@ -17,7 +17,8 @@ fn beside_demo(name: &str, package: &str) -> PathBuf {
     path
 }
 
-/// `clawback-demo --dir <dir>` with the sidecar, the trainer and the plugins it needs.
+/// `clawback-demo --dir <dir>` with the sidecar, the trainer, the reference engine and the
+/// plugins it needs (vLLM's Python the demo finds itself: `CLAWBACK_VLLM_PYTHON`, inherited).
 pub fn demo(dir: &Path) -> Command {
     let plugins =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../wasm-plugins/target/wasm32-wasip2/release");
