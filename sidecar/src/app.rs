@@ -41,7 +41,7 @@ use crate::layers::observe::{Observe, ObserveLayer};
 use crate::layers::request_id::{RequestIdLayer, RequestIdService};
 use crate::layers::ResponseFuture;
 use crate::metrics::{Metrics, UpstreamLabels};
-use crate::policy::models::{own_adapter, requested_model};
+use crate::policy::models::own_adapter;
 use crate::policy::{Routed, Router};
 use crate::recorder::{request, Pending, Recorder};
 use crate::route::Route;
@@ -351,29 +351,17 @@ where
         }
     };
     let body = read_body(&app.config, &parts.headers, body).await?;
-    let (body, endpoint, upstream_path, answer) = match endpoint {
-        Endpoint::Models => {
+    // What the engine gets is what the sidecar read: a body it cannot read is refused here.
+    let json = crate::agent_json::read(&parts.method, &body)?;
+    let (body, json, endpoint, upstream_path, answer) = match (endpoint, json) {
+        (Endpoint::Models, _) => {
             let response = app
                 .forwarder
                 .call(parts, body, upstream_path, None, None, Answer::AsSent)
                 .await?;
             return Ok(models_for(&app, &tenant, response).await);
         }
-        Endpoint::CountTokens => {
-            let (body, routed) = routed_only(&app, &tenant, body)?;
-            return app
-                .forwarder
-                .call(
-                    parts,
-                    body,
-                    upstream_path,
-                    None,
-                    routed.lease,
-                    Answer::AsSent,
-                )
-                .await;
-        }
-        Endpoint::StoredResponse => {
+        (Endpoint::StoredResponse, _) => {
             let id = upstream_path
                 .trim_start_matches("/v1/responses/")
                 .split(['/', '?'])
@@ -382,32 +370,46 @@ where
             if !may_name_response(&app, &tenant, id) {
                 return Err(ProxyError::StoredResponseNotFound { id: id.to_owned() });
             }
-            (body, endpoint, upstream_path, Answer::AsSent)
+            (body, None, endpoint, upstream_path, Answer::AsSent)
         }
-        Endpoint::Responses if app.recorder.is_none() => {
+        (_, None) => (body, None, endpoint, upstream_path, Answer::AsSent),
+        (Endpoint::Responses, Some(json)) if app.recorder.is_none() => {
             // Not resolved here (nothing is kept): the engine's own store answers, for a
             // sidecar that serves one tenant only.
-            if let Some(id) = crate::session::responses::previous_id(&body) {
+            if let Some(id) = json["previous_response_id"].as_str() {
                 if app.tenants.is_shared() {
-                    return Err(ProxyError::ResponseNotFound { id });
+                    return Err(ProxyError::ResponseNotFound { id: id.to_owned() });
                 }
             }
-            (body, endpoint, upstream_path, Answer::AsSent)
+            (body, Some(json), endpoint, upstream_path, Answer::AsSent)
         }
-        Endpoint::Messages
+        (Endpoint::Messages, Some(json))
             if app.config.upstream_kind == crate::config::UpstreamKind::Anthropic =>
         {
-            (body, endpoint, upstream_path, Answer::MessagesAsSent)
+            (
+                body,
+                Some(json),
+                endpoint,
+                upstream_path,
+                Answer::MessagesAsSent,
+            )
         }
-        Endpoint::Messages => {
-            let chat = crate::anthropic::to_chat_body(&body)?;
+        (Endpoint::Messages, Some(json)) => {
+            let (chat, json) = crate::anthropic::to_chat_body(&json)?;
             let path = crate::anthropic::CHAT_PATH.to_owned();
-            (chat, Endpoint::ChatCompletions, path, Answer::Messages)
+            let endpoint = Endpoint::ChatCompletions;
+            (chat, Some(json), endpoint, path, Answer::Messages)
         }
-        _ => (body, endpoint, upstream_path, Answer::AsSent),
+        (_, json) => (body, json, endpoint, upstream_path, Answer::AsSent),
+    };
+    let Some(json) = json else {
+        return app
+            .forwarder
+            .call(parts, body, upstream_path, None, None, answer)
+            .await;
     };
     let (body, mut recording, routed) =
-        prepare_model_call(&app, &parts, endpoint, session.as_ref(), tenant, body).await?;
+        prepare_call(&app, &parts, endpoint, session.as_ref(), tenant, body, json).await?;
     if let Some(pending) = &mut recording {
         pending.capture = pending.capture.answering(answer);
     }
@@ -451,25 +453,18 @@ fn may_name_response(app: &App, tenant: &TenantId, id: &str) -> bool {
     }
 }
 
-/// A call that is routed to the tenant's adapter like a model call, and neither recorded nor
-/// asked for anything (`count_tokens`). A body that is not a JSON object goes as it came.
-fn routed_only(app: &App, tenant: &TenantId, body: Bytes) -> Result<(Bytes, Routed), ProxyError> {
-    let Ok(mut json) = serde_json::from_slice::<Value>(&body) else {
-        return Ok((body, Routed::default()));
-    };
-    if !json.is_object() {
-        return Ok((body, Routed::default()));
-    }
-    let routed = route_call(app, tenant, &mut json)?;
-    Ok((reencode_if(routed.rewritten, &json, body), routed))
-}
-
-/// Routes a model call to `tenant`'s live adapter (rewriting its `model`), or, without routing,
-/// checks that it names no other tenant's adapter.
-fn route_call(app: &App, tenant: &TenantId, json: &mut Value) -> Result<Routed, ProxyError> {
+/// Routes a model call (and `count_tokens`) to `tenant`'s live adapter, rewriting its `model`;
+/// without routing, and for any other call with a body (embeddings), only checks that it names
+/// no other tenant's adapter.
+fn route_call(
+    app: &App,
+    tenant: &TenantId,
+    endpoint: Endpoint,
+    json: &mut Value,
+) -> Result<Routed, ProxyError> {
     Ok(match &app.router {
-        Some(router) => router.route(tenant, json)?,
-        None => Routed {
+        Some(router) if endpoint != Endpoint::Other => router.route(tenant, json)?,
+        _ => Routed {
             policy: match json["model"].as_str() {
                 Some(model) => own_adapter(tenant, model)?,
                 None => None,
@@ -512,40 +507,22 @@ async fn models_for(
     Response::from_parts(parts, ProxyBody::full(body))
 }
 
-/// For a model call: routes it to the tenant's live adapter and, with recording on, decides its
-/// trajectory and asks the engine for what the step records (token ids, logprobs). Anything that
-/// is not a JSON object is forwarded as it came — the engine answers the error, and there is
-/// nothing to route or record.
-async fn prepare_model_call(
+/// For a call that carries a body: routes it to the tenant's live adapter (or refuses another
+/// tenant's) and, for a model call with recording on, decides its trajectory and asks the engine
+/// for what the step records (token ids, logprobs). Other calls with a body (`count_tokens`,
+/// embeddings) are routed the same way and neither recorded nor asked for anything.
+async fn prepare_call(
     app: &App,
     parts: &http::request::Parts,
     endpoint: Endpoint,
     session: Option<&SessionId>,
     tenant: TenantId,
     body: Bytes,
+    mut json: Value,
 ) -> Result<(Bytes, Option<Pending>, Routed), ProxyError> {
-    let Some(step_endpoint) = request::endpoint(endpoint) else {
-        return Ok((body, None, Routed::default()));
-    };
-    if parts.method != http::Method::POST {
-        return Ok((body, None, Routed::default()));
-    }
-    if app.recorder.is_none() && app.router.is_none() {
-        // Nothing to route or record; another tenant's adapter is still not served.
-        if let Some(model) = requested_model(&body) {
-            own_adapter(&tenant, &model)?;
-        }
-        return Ok((body, None, Routed::default()));
-    }
-    let Ok(mut json) = serde_json::from_slice::<Value>(&body) else {
-        return Ok((body, None, Routed::default()));
-    };
-    if !json.is_object() {
-        return Ok((body, None, Routed::default()));
-    }
-    let routed = route_call(app, &tenant, &mut json)?;
-    let Some(recorder) = &app.recorder else {
-        return Ok((reencode_if(routed.rewritten, &json, body), None, routed));
+    let routed = route_call(app, &tenant, endpoint, &mut json)?;
+    let (Some(recorder), Some(step_endpoint)) = (&app.recorder, request::endpoint(endpoint)) else {
+        return Ok((reencode_if(routed.rewritten, &json, body)?, None, routed));
     };
     let mut hints = Hints::read(session, &parts.headers, Some(&json))?;
     let responses_turn = match step_endpoint {
@@ -574,7 +551,7 @@ async fn prepare_model_call(
         routed.rewritten || resolved || !capture.injected().is_empty(),
         &json,
         body,
-    );
+    )?;
     let pending = Pending {
         recorder: Arc::clone(recorder),
         call,
@@ -584,15 +561,15 @@ async fn prepare_model_call(
     Ok((body, Some(pending), routed))
 }
 
-/// `json` as the new body when it was changed, else the body as it came.
-fn reencode_if(changed: bool, json: &Value, body: Bytes) -> Bytes {
+/// `json` as the new body when it was changed, else the body as it came (which means the same:
+/// it was read strictly).
+fn reencode_if(changed: bool, json: &Value, body: Bytes) -> Result<Bytes, ProxyError> {
     if !changed {
-        return body;
+        return Ok(body);
     }
-    match serde_json::to_vec(json) {
-        Ok(rewritten) => Bytes::from(rewritten),
-        Err(_) => body,
-    }
+    serde_json::to_vec(json)
+        .map(Bytes::from)
+        .map_err(|e| ProxyError::Internal(format!("the rewritten body could not be written: {e}")))
 }
 
 async fn read_body<B>(

@@ -54,6 +54,9 @@ pub enum ProxyError {
     BadSessionHint(#[from] crate::session::explicit::HintError),
     #[error("{0}")]
     BadMessagesRequest(#[from] crate::anthropic::request::Invalid),
+    /// A body the sidecar cannot read strictly ([`crate::agent_json`]): refused, never forwarded.
+    #[error("{0}")]
+    UnreadableBody(#[from] crate::agent_json::Unreadable),
     /// A `previous_response_id` or `GET /v1/responses/{id}` that is not one of this tenant's
     /// responses (unknown, forgotten, or another tenant's: the answer does not say which).
     #[error("Previous response with id '{id}' not found.")]
@@ -70,7 +73,8 @@ impl ProxyError {
             Self::BodyRead(_)
             | Self::BadTenantHeader
             | Self::BadSessionHint(_)
-            | Self::BadMessagesRequest(_) => StatusCode::BAD_REQUEST,
+            | Self::BadMessagesRequest(_)
+            | Self::UnreadableBody(_) => StatusCode::BAD_REQUEST,
             Self::UnknownApiKey => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. }
             | Self::NotAgentApi { .. }
@@ -101,6 +105,7 @@ impl ProxyError {
             | Self::BadTenantHeader
             | Self::BadSessionHint(_)
             | Self::BadMessagesRequest(_)
+            | Self::UnreadableBody(_)
             | Self::ResponseNotFound { .. }
             | Self::StoredResponseNotFound { .. } => "invalid_request_error",
             Self::Overloaded { .. } => "overloaded_error",
@@ -122,6 +127,7 @@ impl ProxyError {
             Self::BadTenantHeader => "invalid_tenant",
             Self::BadSessionHint(_) => "invalid_session_header",
             Self::BadMessagesRequest(_) => "invalid_request",
+            Self::UnreadableBody(_) => "invalid_body",
             Self::ResponseNotFound { .. } => "previous_response_not_found",
             Self::StoredResponseNotFound { .. } => "response_not_found",
             Self::Overloaded { .. } => "overloaded",

@@ -3,6 +3,7 @@
 //!
 //! The request path is written down once, in [`app`].
 
+pub mod agent_json;
 pub mod anthropic;
 pub mod app;
 pub mod body;

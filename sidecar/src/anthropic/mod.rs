@@ -20,17 +20,13 @@ pub mod stream;
 pub const CHAT_PATH: &str = "/v1/chat/completions";
 
 /// The chat-completions body a Messages request body is served as.
-pub fn to_chat_body(body: &[u8]) -> Result<bytes::Bytes, request::Invalid> {
-    let messages =
-        serde_json::from_slice::<serde_json::Value>(body).map_err(|e| request::Invalid {
-            param: "body".to_owned(),
-            message: format!("the request body is not JSON: {e}"),
-        })?;
-    let chat = request::to_chat(&messages)?;
-    serde_json::to_vec(&chat)
-        .map(bytes::Bytes::from)
-        .map_err(|e| request::Invalid {
-            param: "body".to_owned(),
-            message: e.to_string(),
-        })
+pub fn to_chat_body(
+    messages: &serde_json::Value,
+) -> Result<(bytes::Bytes, serde_json::Value), request::Invalid> {
+    let chat = request::to_chat(messages)?;
+    let body = serde_json::to_vec(&chat).map_err(|e| request::Invalid {
+        param: "body".to_owned(),
+        message: e.to_string(),
+    })?;
+    Ok((bytes::Bytes::from(body), chat))
 }

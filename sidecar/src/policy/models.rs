@@ -35,19 +35,6 @@ pub fn own_adapter(tenant: &TenantId, model: &str) -> Result<Option<PolicyRef>, 
     }
 }
 
-/// The `model` field of a request body without parsing the rest into values.
-pub fn requested_model(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct ModelOnly<'a> {
-        #[serde(borrow)]
-        model: Option<std::borrow::Cow<'a, str>>,
-    }
-    serde_json::from_slice::<ModelOnly<'_>>(body)
-        .ok()?
-        .model
-        .map(std::borrow::Cow::into_owned)
-}
-
 /// An engine's `/v1/models` answer as `tenant` may see it: entries `visible` accepts, without
 /// `root`. `None` when the body is not a model list (it is then passed on as it came).
 pub fn filter_list(body: &[u8], visible: impl Fn(&str) -> bool) -> Option<Vec<u8>> {

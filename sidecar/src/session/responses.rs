@@ -80,17 +80,6 @@ pub fn resolve(
     ))
 }
 
-/// The `previous_response_id` of a request body, read without parsing the rest.
-pub fn previous_id(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Previous {
-        previous_response_id: Option<String>,
-    }
-    serde_json::from_slice::<Previous>(body)
-        .ok()?
-        .previous_response_id
-}
-
 /// One relayed response.
 #[derive(Debug)]
 pub struct Entry {

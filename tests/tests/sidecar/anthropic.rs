@@ -40,7 +40,7 @@ fn events(body: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
-fn assert_anthropic_error(body: &Value, kind: &str) {
+pub(crate) fn assert_anthropic_error(body: &Value, kind: &str) {
     assert_eq!(body["type"], "error", "{body}");
     assert_eq!(body["error"]["type"], kind, "{body}");
     assert!(

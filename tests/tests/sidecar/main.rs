@@ -12,4 +12,5 @@ mod routing;
 mod sdk;
 mod support;
 mod tenancy;
+mod unreadable;
 mod viewer;

@@ -16,11 +16,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::{assert_openai_error, client, eventually, poll, post_chat, store};
 
-const ALPHA_KEY: &str = "sk-alpha-0123456789";
+pub(crate) const ALPHA_KEY: &str = "sk-alpha-0123456789";
 const BRAVO_KEY: &str = "sk-bravo-0123456789";
 
 /// Two tenants with keys, routing on with `mock-llama` as the base model, unknown keys refused.
-fn two_tenants(engine: &MockUpstream) -> Config {
+pub(crate) fn two_tenants(engine: &MockUpstream) -> Config {
     let mut config = test_config(&[engine.url()]);
     config
         .tenants

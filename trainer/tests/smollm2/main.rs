@@ -12,6 +12,7 @@ mod common;
 mod engine;
 mod parity;
 mod publish;
+mod tenancy;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
