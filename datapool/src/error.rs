@@ -17,7 +17,9 @@ pub enum Error {
     #[error("invalid Redis URL: {0}")]
     InvalidRedisUrl(#[source] redis::RedisError),
 
-    /// Redis could not be reached (refused, dropped, timed out, loading, cluster down). Writes through a
+    /// Redis cannot take commands now: unreachable (refused, dropped, timed out), loading, a
+    /// cluster down, out of memory under `noeviction`, a replica after a failover (`READONLY`),
+    /// busy with a script, or refusing writes after a failed save. Writes through a
     /// [`crate::SpooledStore`] go to the spool instead.
     #[error("Redis is unreachable: {0}")]
     RedisUnavailable(#[source] redis::RedisError),
@@ -113,10 +115,33 @@ impl Error {
         }
     }
 
-    /// Whether the failure is the backend being unreachable (worth spooling and retrying), as
-    /// opposed to a request that will fail the same way every time.
+    /// Whether the failure is Redis unable to take commands now (worth spooling and retrying),
+    /// as opposed to a request that will fail the same way every time.
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Error::RedisUnavailable(_))
+    }
+
+    /// Whether the same write may be taken later: Redis unable to take it now, a spool that
+    /// failed too, SQLite busy, locked, full or failing I/O. The recorder retries these and
+    /// drops only writes that will fail the same way every time.
+    pub fn is_transient(&self) -> bool {
+        use rusqlite::ErrorCode;
+        match self {
+            Error::RedisUnavailable(_) | Error::SpoolFailed { .. } | Error::SqliteTask(_) => true,
+            Error::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(
+                    ErrorCode::DatabaseBusy
+                        | ErrorCode::DatabaseLocked
+                        | ErrorCode::DiskFull
+                        | ErrorCode::SystemIoFailure
+                        | ErrorCode::CannotOpen
+                        | ErrorCode::OutOfMemory
+                        | ErrorCode::ReadOnly
+                )
+            ),
+            _ => false,
+        }
     }
 
     pub(crate) fn codec(what: &'static str, source: serde_json::Error) -> Self {
@@ -126,25 +151,77 @@ impl Error {
 
 impl From<redis::RedisError> for Error {
     fn from(err: redis::RedisError) -> Self {
-        if err.is_io_error()
+        let away = err.is_io_error()
             || err.is_connection_refusal()
             || err.is_connection_dropped()
             || err.is_timeout()
             || err.is_cluster_error()
             || err.is_unrecoverable_error()
-            // A Redis still loading its data after a restart, or a cluster failing over, will
-            // answer soon: that is "away", not "refused".
-            || matches!(
-                err.code(),
-                Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
-            )
-        {
-            Error::RedisUnavailable(err)
-        } else {
-            Error::Redis(err)
+            || err.code().is_some_and(takes_it_later)
+            // A pipeline's or a discarded transaction's errors are the commands' own.
+            || err
+                .clone()
+                .into_server_errors()
+                .is_some_and(|errors| errors.iter().any(|(_, e)| takes_it_later(e.code())));
+        match away {
+            true => Error::RedisUnavailable(err),
+            false => Error::Redis(err),
         }
     }
 }
 
+/// Whether a Redis error code means the same command is taken later: Redis still loading its
+/// data after a restart, a cluster failing over, a replica that was the primary (READONLY),
+/// full under `noeviction` (OOM), busy with a script, or refusing writes after a failed save.
+/// That is "away", not "refused".
+fn takes_it_later(code: &str) -> bool {
+    matches!(
+        code,
+        "LOADING"
+            | "TRYAGAIN"
+            | "CLUSTERDOWN"
+            | "MASTERDOWN"
+            | "READONLY"
+            | "OOM"
+            | "BUSY"
+            | "NOREPLICAS"
+            | "MISCONF"
+    )
+}
+
 /// The datapool's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_locked_by_another_process_is_transient_and_a_bad_statement_is_not() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let path = dir.path().join("db.sqlite");
+        let holder = rusqlite::Connection::open(&path).expect("opens");
+        holder
+            .execute_batch("CREATE TABLE t (x);")
+            .expect("a table");
+        let writer = rusqlite::Connection::open(&path).expect("opens");
+        writer
+            .busy_timeout(std::time::Duration::ZERO)
+            .expect("no wait");
+        let wrong = Error::from(
+            writer
+                .execute("INSERT INTO missing VALUES (2)", [])
+                .expect_err("no such table"),
+        );
+        assert!(!wrong.is_transient(), "{wrong:?}");
+        holder
+            .execute_batch("BEGIN EXCLUSIVE; INSERT INTO t VALUES (1);")
+            .expect("holds the lock");
+        let busy = Error::from(
+            writer
+                .execute("INSERT INTO t VALUES (2)", [])
+                .expect_err("locked"),
+        );
+        assert!(busy.is_transient(), "{busy:?}");
+    }
+}

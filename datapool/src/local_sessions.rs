@@ -33,6 +33,9 @@ CREATE INDEX IF NOT EXISTS live_by_seen ON live (tenant, seen);
 CREATE TABLE IF NOT EXISTS live_calls (
     tenant TEXT NOT NULL, trajectory TEXT NOT NULL, step TEXT NOT NULL, started INTEGER NOT NULL,
     PRIMARY KEY (tenant, trajectory, step));
+CREATE TABLE IF NOT EXISTS live_unanswered (
+    tenant TEXT NOT NULL, trajectory TEXT NOT NULL, step TEXT NOT NULL, idx INTEGER NOT NULL,
+    PRIMARY KEY (tenant, trajectory, step));
 CREATE TABLE IF NOT EXISTS live_names (
     tenant TEXT NOT NULL, name TEXT NOT NULL, trajectory TEXT NOT NULL,
     PRIMARY KEY (tenant, name));
@@ -283,6 +286,8 @@ fn finish_now(
     release_all_keys(tx, tenant, id)?;
     tx.prepare_cached("DELETE FROM live_calls WHERE tenant = ?1 AND trajectory = ?2")?
         .execute([tenant, id])?;
+    tx.prepare_cached("DELETE FROM live_unanswered WHERE tenant = ?1 AND trajectory = ?2")?
+        .execute([tenant, id])?;
     tx.prepare_cached("DELETE FROM live_names WHERE tenant = ?1 AND trajectory = ?2")?
         .execute([tenant, id])?;
     tx.prepare_cached("DELETE FROM live WHERE tenant = ?1 AND id = ?2")?
@@ -384,11 +389,16 @@ impl Sessions for LocalSessions {
         self.transaction(move |tx| {
             let tenant = join.tenant.as_str();
             let now = join.now.0 as i64;
+            // The trajectory this join asked to open is live already: a retry of the join.
+            let open = join.open.to_string();
             let Found {
                 live,
                 matched,
                 ambiguous,
-            } = find(tx, &join, timing)?;
+            } = match live_row(tx, tenant, &open)? {
+                Some(row) => Found::live(Some((open, row))),
+                None => find(tx, &join, timing)?,
+            };
             let call = join.call.map(|c| c.to_string());
             if let Some((id, row)) = live {
                 tx.prepare_cached("UPDATE live SET seen = ?3 WHERE tenant = ?1 AND id = ?2")?
@@ -409,7 +419,9 @@ impl Sessions for LocalSessions {
                 };
                 return Ok(Joined {
                     trajectory: parse_stored("live trajectory id", &id)?,
-                    opened: false,
+                    // The trajectory this join asked to open: a retry whose first answer was
+                    // lost, and its header is still the caller's to write.
+                    opened: id == join.open.to_string(),
                     ambiguous: false,
                     previous,
                     matched,
@@ -475,11 +487,29 @@ impl Sessions for LocalSessions {
                     finishing: None,
                 });
             }
+            let numbered: Option<u32> = tx
+                .prepare_cached(
+                    "SELECT idx FROM live_unanswered WHERE tenant = ?1 AND trajectory = ?2 AND step = ?3",
+                )?
+                .query_row([tenant, &id, &step], |r| r.get(0))
+                .optional()?;
+            if let Some(index) = numbered {
+                // Asked again (its first answer lost): the index it was given.
+                return Ok(StepSlot {
+                    index: Some(index),
+                    finishing: None,
+                });
+            }
             let index = row.next_index;
             row.next_index += 1;
             if done.answered {
                 row.last_step = Some(step.clone());
                 row.covered = done.covered;
+            } else {
+                tx.prepare_cached(
+                    "INSERT INTO live_unanswered (tenant, trajectory, step, idx) VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![tenant, id, step, index])?;
             }
             if row.finish_after.is_none() {
                 row.finish_after = done.finish.map(|r| r.as_str().to_owned());

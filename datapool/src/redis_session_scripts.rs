@@ -113,7 +113,10 @@ pub(crate) static JOIN: LazyLock<Script> = LazyLock::new(|| {
 local mode, anchor, open, call = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, idle_before, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local found, m_end, m_ctx, ambiguous = nil, '', '', 0
-if mode == 'name' then
+if redis.call('EXISTS', live_key(open)) == 1 then
+  -- The trajectory this join asked to open is live already: a retry of the join.
+  found = open
+elseif mode == 'name' then
   local id = redis.call('GET', P .. 'name:' .. anchor)
   if id and redis.call('EXISTS', live_key(id)) == 1 then found = id end
 elseif mode == 'traj' then
@@ -143,7 +146,10 @@ if found then
   if call ~= '' then redis.call('HSET', h, 'c:' .. call, now) end
   touch(found, h, now, ttl)
   local f = redis.call('HMGET', h, 'next', 'last', 'covered', 'eval')
-  return {found, 0, 0, f[1] or '0', f[2] or '', f[3] or '0', f[4] or '', m_end, m_ctx}
+  -- The trajectory this join asked to open: a retry whose first answer was lost, and its
+  -- header is still the caller's to write.
+  local opened = (found == open) and 1 or 0
+  return {found, opened, 0, f[1] or '0', f[2] or '', f[3] or '0', f[4] or '', m_end, m_ctx}
 end
 local h = live_key(open)
 redis.call('HSET', h, 'next', 0, 'covered', 0)
@@ -176,9 +182,16 @@ end
 if redis.call('HGET', h, 'last') == step then
   return {tonumber(redis.call('HGET', h, 'next')) - 1, '', 0}
 end
+-- Asked again for a step without an answer (its first reply lost): the index it was given.
+local numbered = redis.call('HGET', h, 'u:' .. step)
+if numbered then return {tonumber(numbered), '', 0} end
 local index = redis.call('HINCRBY', h, 'next', 1) - 1
 local answered = ARGV[9] == '1'
-if answered then redis.call('HSET', h, 'last', step, 'covered', ARGV[4]) end
+if answered then
+  redis.call('HSET', h, 'last', step, 'covered', ARGV[4])
+else
+  redis.call('HSET', h, 'u:' .. step, index)
+end
 if ARGV[8] ~= '' then redis.call('HSETNX', h, 'after', ARGV[8]) end
 local after = redis.call('HGET', h, 'after')
 if after and not busy(h, stale_before) then

@@ -194,12 +194,18 @@ impl RedisStore {
         self.conn.clone()
     }
 
-    /// Appends one tenant's steps in one pipeline, then enforces the tenant's caps.
+    /// Appends one tenant's steps in one transaction, then enforces the tenant's caps.
+    ///
+    /// MULTI/EXEC makes the append all or nothing when Redis refuses writes (out of memory, a
+    /// read-only replica): it refuses them as they are queued and discards the transaction, so a
+    /// write retried later lands once. Once it landed, a failure to trim is logged, not returned:
+    /// the append is done, and the next one trims again.
     async fn append_tenant_steps(&self, tenant: &TenantId, steps: &[&Step]) -> Result<()> {
         // Per-trajectory totals, so the counters are bumped once per batch, not once per step.
         let mut per_traj: Vec<(TrajectoryId, i64, i64)> = Vec::new();
         let (mut total_steps, mut total_bytes) = (0i64, 0i64);
         let mut pipe = redis::pipe();
+        pipe.atomic();
         for step in steps {
             let json = encode("step", step)?;
             let len = json.len() as i64;
@@ -229,8 +235,13 @@ impl RedisStore {
         pipe.hincr(keys::usage(tenant), "steps", total_steps);
         pipe.hincr(keys::usage(tenant), "bytes", total_bytes);
         let (steps_now, bytes_now): (i64, i64) = pipe.query_async(&mut self.conn()).await?;
-        self.tenant_usage_over_cap(tenant, steps_now, bytes_now)
+        if let Err(e) = self
+            .tenant_usage_over_cap(tenant, steps_now, bytes_now)
             .await
+        {
+            warn!(%tenant, error = %e, "the tenant's caps could not be enforced now; the next append tries again");
+        }
+        Ok(())
     }
 
     /// Adds `tenant` to the index of tenants, once per process and tenant.
@@ -485,6 +496,8 @@ impl Store for RedisStore {
     async fn append_evaluations(&self, evaluations: &[Evaluation]) -> Result<()> {
         for (_, evaluations) in by_tenant(evaluations, |e| &e.tenant) {
             let mut pipe = redis::pipe();
+            // All or nothing, as the steps' append (a retried write lands once).
+            pipe.atomic();
             for e in evaluations {
                 pipe.cmd("XADD")
                     .arg(keys::evaluations(&e.tenant, &e.trajectory))

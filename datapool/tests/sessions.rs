@@ -51,6 +51,8 @@ async fn every_scenario(sessions: Arc<dyn Sessions>, redis: bool) {
     scenarios::tenants_never_join_each_other(s, &a, &b).await;
     let (t, _g) = tenant("retry");
     scenarios::a_retry_after_a_broken_answer_continues_the_trajectory(s, &t).await;
+    let (t, _g) = tenant("repeated");
+    scenarios::a_repeated_join_or_step_done_gets_its_first_answer(s, &t).await;
     let (t, _g) = tenant("eval-only");
     scenarios::an_evaluation_only_trajectory_says_so_to_its_calls(s, &t).await;
 }

@@ -158,6 +158,7 @@ pub struct Metrics {
     pub session_state: HistogramFamily<SessionOpLabels>,
     pub session_fallbacks: Family<SessionOpLabels, Counter>,
     pub store_errors: Family<StoreErrorLabels, Counter>,
+    pub store_writes_lost: Family<StoreErrorLabels, Counter>,
     pub trajectories_started: Counter,
     pub trajectories_completed: Family<ReasonLabels, Counter>,
     pub policy_switches: Family<TenantLabels, Counter>,
@@ -325,8 +326,14 @@ impl Metrics {
         let store_errors = Family::<StoreErrorLabels, Counter>::default();
         registry.register(
             "store_errors",
-            "Datapool writes that failed (and were lost), by operation and error",
+            "Datapool write attempts that failed, by operation and error (retried while the error is transient)",
             store_errors.clone(),
+        );
+        let store_writes_lost = Family::<StoreErrorLabels, Counter>::default();
+        registry.register(
+            "store_writes_lost",
+            "Datapool writes refused for good and dropped, by operation and error",
+            store_writes_lost.clone(),
         );
         let trajectories_started = Counter::default();
         registry.register(
@@ -393,6 +400,7 @@ impl Metrics {
             session_fallbacks,
             recorder_queue,
             store_errors,
+            store_writes_lost,
             trajectories_started,
             trajectories_completed,
             policy_switches,

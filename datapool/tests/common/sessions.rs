@@ -689,3 +689,48 @@ pub async fn a_completion_nobody_wrote_is_taken_over_once(
     let much_later = later(again, TIMING.completion_lease * 10);
     assert!(overdue(much_later).await.is_empty());
 }
+
+/// A JOIN or a STEP_DONE asked again because its first answer was lost (the shared state timed
+/// out, the connection dropped) gets the first answer again: the trajectory it opened is still
+/// opened (its header is the caller's to write), and a step keeps its index, answered or not.
+pub async fn a_repeated_join_or_step_done_gets_its_first_answer(
+    sessions: &dyn Sessions,
+    tenant: &TenantId,
+) {
+    let now = t0();
+    for anchor in [Anchor::Name("repeated".into()), Anchor::New] {
+        let (j, call) = join_as(tenant, anchor, now);
+        let first = join(sessions, &j).await;
+        let again = join(sessions, &j).await;
+        assert!(first.opened && again.opened, "{first:?} then {again:?}");
+        assert_eq!(again.trajectory, first.trajectory);
+        let step_done = |step: StepId, answered: bool| StepDone {
+            tenant: tenant.clone(),
+            trajectory: first.trajectory,
+            step,
+            covered: 1,
+            answered,
+            keys: vec![],
+            finish: None,
+            now,
+        };
+        let mut indices = Vec::new();
+        for (step, answered) in [(call, false), (StepId::new(), true)] {
+            for _ in 0..2 {
+                let slot = sessions
+                    .step_done(&step_done(step, answered), TIMING)
+                    .await
+                    .unwrap_or_else(|e| panic!("step_done: {e}"));
+                indices.push(slot.index);
+            }
+        }
+        assert_eq!(indices, [Some(0), Some(0), Some(1), Some(1)]);
+        // Another call's join of the same trajectory opens nothing.
+        if let Anchor::Name(_) = &j.anchor {
+            let (other, _) = join_as(tenant, j.anchor.clone(), now);
+            let joined = join(sessions, &other).await;
+            assert_eq!(joined.trajectory, first.trajectory);
+            assert!(!joined.opened);
+        }
+    }
+}

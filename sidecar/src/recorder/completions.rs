@@ -1,4 +1,4 @@
-//! Reporting completions written: once a trajectory's completion is in the journal, the session
+//! Reporting completions written: once the store took a trajectory's completion, the session
 //! state is told, so no other replica takes it over when its lease runs out
 //! ([`clawback_datapool::Sessions::overdue_completions`]). Off the request path, in batches.
 

@@ -226,6 +226,7 @@ impl Recorder {
         let journal = Arc::new(journal::Journal::open(data_dir, config.journal_fsync)?);
         let spilled = Arc::new(Notify::new());
         let queued_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (reports, reported) = mpsc::unbounded_channel();
         tokio::spawn(
             writer::Writer {
                 store: Arc::clone(&store),
@@ -235,6 +236,7 @@ impl Recorder {
                 metrics: Arc::clone(&metrics),
                 queued_bytes: Arc::clone(&queued_bytes),
                 queue_bytes: config.queue_bytes,
+                completions: reports,
             }
             .run(rx),
         );
@@ -254,7 +256,6 @@ impl Recorder {
             timeout,
             Arc::clone(&metrics),
         ));
-        let (reports, reported) = mpsc::unbounded_channel();
         tokio::spawn(completions::report(Arc::clone(&sessions), reported));
         let config_responses_max_bytes = config.responses_max_bytes;
         let recorder = Arc::new(Self {
@@ -264,7 +265,6 @@ impl Recorder {
                 spilled,
                 metrics: Arc::clone(&metrics),
                 errors: Arc::new(throttle::LogThrottle::new(Duration::from_secs(5))),
-                completions: reports,
                 queued_bytes,
                 queue_bytes: config.queue_bytes,
             },

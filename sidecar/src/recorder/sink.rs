@@ -12,7 +12,6 @@ use std::time::Instant;
 use clawback_datapool::WriteOp;
 use tokio::sync::{mpsc, Notify};
 
-use super::completions::{self, Reports};
 use super::journal::{Journal, Position};
 use super::throttle::LogThrottle;
 use super::writer::{count, Message};
@@ -29,7 +28,6 @@ pub struct Sink {
     pub spilled: Arc<Notify>,
     pub metrics: Arc<Metrics>,
     pub errors: Arc<LogThrottle>,
-    pub completions: Reports,
     /// Journal bytes of the records in the queue (the writer takes them off as it receives).
     pub queued_bytes: Arc<AtomicU64>,
     /// Most journal bytes the queue holds; past it a record is left to the journal.
@@ -48,10 +46,6 @@ impl Sink {
                 self.metrics
                     .journal_append
                     .observe(started.elapsed().as_secs_f64());
-                for written in completions::completed(&ops) {
-                    // Gone only at shutdown: the completion is then due again, harmlessly.
-                    let _ = self.completions.send(written);
-                }
                 at
             }
             Err(e) => {

@@ -8,16 +8,22 @@
 //! as one batch (one pipelined round trip on Redis). After each round the journal's checkpoint
 //! moves: a process killed now resumes there.
 //!
-//! A write the store refuses is counted and logged and dropped — a `SpooledStore` has already
-//! kept it through a Redis outage, so a failure here means both Redis and the spool failed.
+//! A write the store cannot take now (Redis out of memory or read-only with its spool failing
+//! too, SQLite busy, locked or full) is retried, with a growing pause, until it is taken; the
+//! checkpoint does not move past it meanwhile, so a process stopped while it waits applies it
+//! again on restart. The queue fills behind it and records go to the journal only: the request
+//! path never waits. A write refused for good (one that will fail the same way every time) is
+//! counted and dropped — alone: a batch of several calls' steps is split and applied step by
+//! step, so one bad step costs no other call's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawback_datapool::{Store, WriteOp};
+use clawback_datapool::{Store, TenantId, WriteOp};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::completions::{self, Reports};
 use super::journal::{Journal, Position, Record};
 use super::throttle::LogThrottle;
 use crate::metrics::{Metrics, StoreErrorLabels};
@@ -46,6 +52,8 @@ pub struct Writer {
     pub queued_bytes: Arc<AtomicU64>,
     /// Most journal bytes read back (and held parsed) at once.
     pub queue_bytes: u64,
+    /// Told of each completion the store took, so no other replica takes it over.
+    pub completions: Reports,
 }
 
 impl Writer {
@@ -176,8 +184,84 @@ impl Writer {
 
     async fn apply(&self, batch: Batch, errors: &LogThrottle) {
         for op in batch.in_order() {
-            apply(&*self.store, op, &self.metrics, errors).await;
+            let completed: Vec<_> = completions::completed(std::slice::from_ref(&op)).collect();
+            self.apply_op(op, errors).await;
+            for written in completed {
+                // Gone only at shutdown: the completion is then due again, harmlessly.
+                let _ = self.completions.send(written);
+            }
         }
+    }
+
+    /// Applies `op`, retrying while the store cannot take it now; a batch refused for good is
+    /// applied one element at a time, and only what is refused alone is dropped.
+    async fn apply_op(&self, op: WriteOp, errors: &LogThrottle) {
+        let mut pause = RETRY_FIRST;
+        loop {
+            let error = match op.apply(&*self.store).await {
+                Ok(_) => {
+                    if let WriteOp::AppendSteps { steps } = &op {
+                        self.metrics.steps_stored.inc_by(steps.len() as u64);
+                    }
+                    return;
+                }
+                Err(e) => e,
+            };
+            let labels = StoreErrorLabels {
+                op: op_name(&op),
+                error: error.label(),
+            };
+            self.metrics.store_errors.get_or_create(&labels).inc();
+            if error.is_transient() {
+                if let Some(count) = errors.event() {
+                    tracing::warn!(op = labels.op, error = %error, failed = count, retry_in = ?pause,
+                        "the datapool cannot take writes now; retrying (records wait in the journal)");
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+                continue;
+            }
+            if let Some(parts) = split(&op) {
+                for part in parts {
+                    Box::pin(self.apply_op(part, errors)).await;
+                }
+                return;
+            }
+            self.metrics.store_writes_lost.get_or_create(&labels).inc();
+            if let Some(count) = errors.event() {
+                tracing::error!(op = labels.op, error = %error, failed = count,
+                    "the datapool refuses a write for good; it is dropped (see clawback_store_writes_lost_total)");
+            }
+            return;
+        }
+    }
+}
+
+/// The first pause before a write the store could not take is tried again; it doubles up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// A batch of several steps or evaluations as one write per element; `None` for one write.
+fn split(op: &WriteOp) -> Option<Vec<WriteOp>> {
+    match op {
+        WriteOp::AppendSteps { steps } if steps.len() > 1 => Some(
+            steps
+                .iter()
+                .map(|step| WriteOp::AppendSteps {
+                    steps: vec![step.clone()],
+                })
+                .collect(),
+        ),
+        WriteOp::AppendEvaluations { evaluations } if evaluations.len() > 1 => Some(
+            evaluations
+                .iter()
+                .map(|evaluation| WriteOp::AppendEvaluations {
+                    evaluations: vec![evaluation.clone()],
+                })
+                .collect(),
+        ),
+        _ => None,
     }
 }
 
@@ -207,20 +291,36 @@ impl Batch {
         }
     }
 
+    /// The round's writes in dependency order; steps and evaluations one write per tenant, so
+    /// a write that is retried is one the store takes whole or not at all.
     fn in_order(self) -> Vec<WriteOp> {
         let mut ops = self.upserts;
-        if !self.steps.is_empty() {
-            ops.push(WriteOp::AppendSteps { steps: self.steps });
-        }
+        ops.extend(
+            per_tenant(self.steps, |s| &s.tenant)
+                .into_iter()
+                .map(|steps| WriteOp::AppendSteps { steps }),
+        );
         ops.extend(self.next_states);
-        if !self.evaluations.is_empty() {
-            ops.push(WriteOp::AppendEvaluations {
-                evaluations: self.evaluations,
-            });
-        }
+        ops.extend(
+            per_tenant(self.evaluations, |e| &e.tenant)
+                .into_iter()
+                .map(|evaluations| WriteOp::AppendEvaluations { evaluations }),
+        );
         ops.extend(self.completions);
         ops
     }
+}
+
+/// `items` grouped by tenant, each group in the order the items came.
+fn per_tenant<T>(items: Vec<T>, tenant: impl Fn(&T) -> &TenantId) -> Vec<Vec<T>> {
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    for item in items {
+        match groups.iter_mut().find(|g| tenant(&g[0]) == tenant(&item)) {
+            Some(group) => group.push(item),
+            None => groups.push(vec![item]),
+        }
+    }
+    groups
 }
 
 /// Queue entries a record stands for (a coalesced batch stands for each of its steps).
@@ -240,26 +340,5 @@ fn op_name(op: &WriteOp) -> &'static str {
         WriteOp::SetNextState { .. } => "set_next_state",
         WriteOp::AppendEvaluations { .. } => "append_evaluations",
         WriteOp::CompleteTrajectory { .. } => "complete_trajectory",
-    }
-}
-
-async fn apply(store: &dyn Store, op: WriteOp, metrics: &Metrics, errors: &LogThrottle) {
-    match op.apply(store).await {
-        Ok(_) => {
-            if let WriteOp::AppendSteps { steps } = &op {
-                metrics.steps_stored.inc_by(steps.len() as u64);
-            }
-        }
-        Err(e) => {
-            let labels = StoreErrorLabels {
-                op: op_name(&op),
-                error: e.label(),
-            };
-            metrics.store_errors.get_or_create(&labels).inc();
-            if let Some(count) = errors.event() {
-                tracing::error!(op = labels.op, error = %e, failed = count,
-                    "the datapool refuses writes; they are lost (see clawback_store_errors_total)");
-            }
-        }
     }
 }

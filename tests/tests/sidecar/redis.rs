@@ -1,5 +1,6 @@
-//! Recording into Redis: an outage mid-load loses no served step and costs agents nothing; a
-//! Redis Cluster works the same; no API key ever reaches Redis.
+//! Recording into Redis: an outage mid-load loses no served step and costs agents nothing; nor
+//! does a Redis that stays up and refuses writes (out of memory, a read-only replica); a Redis
+//! Cluster works the same; no API key ever reaches Redis.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,6 +36,28 @@ async fn completed_count(store: &RedisStore, tenant: &TenantId, want: usize) -> 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The trajectories of `tenant` that are not one completed step, for a failure's message.
+async fn odd(store: &RedisStore, tenant: &TenantId) -> String {
+    let mut odd = Vec::new();
+    let listed = store
+        .list_trajectories(tenant, None, 10_000)
+        .await
+        .unwrap_or_default();
+    for header in &listed {
+        let steps = match store.trajectory(tenant, &header.id).await {
+            Ok(Some(record)) => record.steps.len(),
+            _ => 0,
+        };
+        if steps != 1 || header.status != TrajectoryStatus::Completed {
+            odd.push(format!(
+                "{} {:?} with {steps} steps",
+                header.id, header.status
+            ));
+        }
+    }
+    format!("{} listed; not one completed step: {odd:?}", listed.len())
 }
 
 async fn one_turn(sidecar: &Sidecar, session: &str, key: &str) -> u16 {
@@ -78,7 +101,78 @@ async fn redis_going_away_mid_load_loses_no_served_step() {
         .await
         .unwrap();
     let tenant = TenantId::new("default").unwrap();
-    assert_eq!(completed_count(&reader, &tenant, calls).await, calls);
+    let done = completed_count(&reader, &tenant, calls).await;
+    assert_eq!(done, calls, "{}", odd(&reader, &tenant).await);
+}
+
+/// Sets `redis`'s configuration through a connection of the test's own.
+async fn redis_admin(url: &str, command: &[&str]) {
+    let client = redis::Client::open(url).expect("a Redis URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the test reaches Redis");
+    let mut cmd = redis::cmd(command[0]);
+    for arg in &command[1..] {
+        cmd.arg(*arg);
+    }
+    let () = cmd
+        .query_async(&mut conn)
+        .await
+        .expect("Redis takes the command");
+}
+
+#[tokio::test]
+async fn redis_refusing_writes_when_full_or_read_only_loses_no_served_step_and_records_each_once() {
+    let redis = RedisServer::start();
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.redis = Some(redis.url());
+    let sidecar = Sidecar::start(config).await;
+    let url = redis.url();
+    let mut calls = 0;
+    let mut turns = |sidecar: &'static Sidecar, n: usize| {
+        let first = calls;
+        calls += n;
+        async move {
+            for i in first..first + n {
+                assert_eq!(
+                    one_turn(sidecar, &format!("refused-{i}"), "sk-any").await,
+                    200,
+                    "call {i}"
+                );
+            }
+        }
+    };
+    let sidecar: &'static Sidecar = Box::leak(Box::new(sidecar));
+    turns(sidecar, 5).await;
+
+    // Full: under `noeviction`, every write is refused with OOM.
+    redis_admin(&url, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
+    redis_admin(&url, &["CONFIG", "SET", "maxmemory", "1"]).await;
+    turns(sidecar, 10).await;
+    redis_admin(&url, &["CONFIG", "SET", "maxmemory", "0"]).await;
+    turns(sidecar, 5).await;
+
+    // Read-only: the primary became a replica (of a primary that is not there).
+    let nowhere = clawback_tests::redis_server::free_port().to_string();
+    redis_admin(&url, &["REPLICAOF", "127.0.0.1", &nowhere]).await;
+    turns(sidecar, 10).await;
+    redis_admin(&url, &["REPLICAOF", "NO", "ONE"]).await;
+    turns(sidecar, 5).await;
+
+    let reader = RedisStore::connect(&RedisConfig::single(redis.url()))
+        .await
+        .unwrap();
+    let tenant = TenantId::new("default").unwrap();
+    // Each call one completed trajectory of exactly one step: none lost, none twice.
+    let done = completed_count(&reader, &tenant, calls).await;
+    assert_eq!(done, calls, "{}", odd(&reader, &tenant).await);
+    let listed = reader
+        .list_trajectories(&tenant, None, 10_000)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), calls);
 }
 
 #[tokio::test]
