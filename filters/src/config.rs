@@ -28,6 +28,10 @@ pub struct FiltersConfig {
     pub queue_capacity: usize,
     /// Threads of the filters' own runtime: plugins never run on the proxy's threads.
     pub threads: usize,
+    /// Trajectories whose steps the host keeps in memory for plugins; past it the one idle
+    /// longest is forgotten (counted), and what plugins need of it is read back from the
+    /// datapool instead.
+    pub max_live: usize,
     /// How often the directory is checked for changed plugins; `0s` turns hot reload off.
     #[serde(with = "humantime_serde")]
     pub reload_interval: Duration,
@@ -134,6 +138,7 @@ impl Default for FiltersConfig {
             max_concurrency: 16,
             queue_capacity: 4096,
             threads: 2,
+            max_live: 65_536,
             reload_interval: Duration::from_secs(2),
             breaker: BreakerConfig::default(),
             judge: None,

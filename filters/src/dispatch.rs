@@ -270,7 +270,9 @@ impl Filters {
 
     /// A trajectory opened: its metadata is what plugins will see.
     pub fn opened(&self, trajectory: &RecordedTrajectory) {
-        self.live().insert(
+        let mut live = self.live();
+        self.make_room(&mut live, trajectory.id);
+        live.insert(
             trajectory.id,
             Live::new(
                 trajectory.tenant.clone(),
@@ -279,10 +281,28 @@ impl Filters {
         );
     }
 
+    /// Forgets the trajectory idle longest when `id` would be one past `max_live`: whatever
+    /// agents open, the host's memory stays bounded, and a forgotten trajectory's steps are
+    /// read back from the datapool when a plugin needs them.
+    fn make_room(&self, live: &mut HashMap<TrajectoryId, Live>, id: TrajectoryId) {
+        if live.len() < self.inner.config.max_live.max(1) || live.contains_key(&id) {
+            return;
+        }
+        let idlest = live
+            .iter()
+            .min_by_key(|(_, entry)| entry.touched)
+            .map(|(id, _)| *id);
+        if let Some(idlest) = idlest {
+            live.remove(&idlest);
+            self.inner.metrics.forgotten.inc();
+        }
+    }
+
     /// A step was recorded: it waits for its next state.
     pub fn step_recorded(&self, step: &RecordedStep) {
         let keep_turns = self.wants_trajectories();
         let mut live = self.live();
+        self.make_room(&mut live, step.trajectory);
         let entry = live
             .entry(step.trajectory)
             .or_insert_with(|| Live::new(step.tenant.clone(), Vec::new()));

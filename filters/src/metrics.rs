@@ -77,6 +77,8 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabels, Counter>,
     /// Steps or trajectories not evaluated because the filter queue was full.
     pub dropped: Counter,
+    /// Trajectories forgotten from memory at `max_live` (read back from the datapool).
+    pub forgotten: Counter,
 }
 
 impl Default for Metrics {
@@ -89,6 +91,7 @@ impl Default for Metrics {
             judge_requests: Family::default(),
             reloads: Family::default(),
             dropped: Counter::default(),
+            forgotten: Counter::default(),
         }
     }
 }
@@ -131,6 +134,11 @@ impl Metrics {
             "dropped",
             "Steps and trajectories left unevaluated because the filter queue was full",
             self.dropped.clone(),
+        );
+        registry.register(
+            "forgotten",
+            "Trajectories the host stopped keeping in memory at filters.max_live (read back from the datapool when needed)",
+            self.forgotten.clone(),
         );
     }
 }

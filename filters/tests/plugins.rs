@@ -216,3 +216,39 @@ async fn exact_answer_checks_the_final_answer_when_the_trajectory_completes() {
         assert_eq!(reward(&outcome), Some(want), "answer {expected}");
     }
 }
+
+/// However many trajectories agents open, the host keeps `max_live` of them in memory; one it
+/// forgot still has its steps evaluated, read back from the datapool.
+#[tokio::test(flavor = "multi_thread")]
+async fn past_max_live_the_idlest_trajectory_is_forgotten_and_its_step_read_back() {
+    use clawback_datapool::{LocalStore, Store, TrajectoryId};
+    use std::sync::Arc;
+
+    let mut host = host(&["tool_outcome"], |config| config.max_live = 2).await;
+    let store = Arc::new(LocalStore::open(host.dir.path().join("store.sqlite")).expect("a store"));
+    let (trajectory, steps) = fixture();
+    store.upsert_trajectory(&trajectory).await.expect("written");
+    store.append_steps(&steps[..1]).await.expect("written");
+    let reader = Arc::clone(&store);
+    host.filters.load_with(Arc::new(move |tenant, id, _| {
+        let reader = Arc::clone(&reader);
+        Box::pin(async move { reader.trajectory(&tenant, &id).await.ok().flatten() })
+    }));
+
+    host.filters.opened(&trajectory);
+    host.filters.step_recorded(&steps[0]);
+    for _ in 0..5 {
+        let mut other = trajectory.clone();
+        other.id = TrajectoryId::new();
+        host.filters.opened(&other);
+    }
+    assert_eq!(host.metrics.forgotten.get(), 4);
+    host.filters.next_state(
+        &trajectory.tenant,
+        trajectory.id,
+        steps[0].id,
+        &next_of(&steps[0]),
+    );
+    let evaluations = host.next_batch().await;
+    assert_eq!(reward(&only(&evaluations, "tool_outcome")), Some(1.0));
+}

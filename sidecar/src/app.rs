@@ -12,11 +12,18 @@
 //! 5. **agent API** ([`crate::layers::agent_api`]) — only the routes of `agent_api.allow` are
 //!    forwarded; engine control routes (adapter load/unload, weight updates, pause, ...) never;
 //! 6. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
-//!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here; an API call
-//!    has its body read within the size and time limits; a model call is routed to its tenant's
-//!    live adapter ([`crate::policy`]) and, with recording on, joins its trajectory; then it is
-//!    forwarded to a balanced upstream ([`Forwarder`]) and its response relayed back frame by
-//!    frame.
+//!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here (who asks is
+//!    checked before a control body is read); an API call has its body read within the size and
+//!    time limits and parsed strictly ([`crate::agent_json`]); a call with a body is routed to
+//!    its tenant's live adapter ([`crate::policy`]) and, for a model call with recording on,
+//!    joins its trajectory; then it is forwarded to a balanced upstream ([`Forwarder`]) and its
+//!    response relayed back frame by frame.
+//!
+//! The rule every step keeps: **what the sidecar cannot parse, classify or authorize is
+//! refused, never passed through.** A route not on the allow-list, a body that does not read
+//! strictly, a model name that is no tenant's own, a key nobody minted: each is answered here
+//! in the caller's API shape, and the engine never sees it. A new route or field follows it:
+//! decide on what was read, forward what was decided on.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -269,7 +276,12 @@ where
                 .into_response(),
                 Route::Handshake(route) => {
                     let (parts, body) = request.into_parts();
-                    match read_body(&app.config, &parts.headers, body).await {
+                    // Who asks is known before a byte of the body is read.
+                    if let Err(refused) = app.admin.authorize(&parts) {
+                        return Ok(refused.into_response());
+                    }
+                    let timeout = app.config.timeouts.body_read;
+                    match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
                         Ok(body) => crate::handshake::handle(&app, route, &parts, body).await,
                         Err(e) => e.into_response(),
                     }
@@ -301,6 +313,9 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    if !app.config.claw_r1.enabled {
+        return crate::claw_r1::ClawR1Error::Disabled.into_response();
+    }
     let tenant = match app.tenants.resolve(request.headers()) {
         Ok(tenant) => tenant,
         Err(Unresolved::UnknownKey) => return ProxyError::UnknownApiKey.into_response(),
@@ -322,7 +337,8 @@ where
             .unwrap_or_else(ProxyError::into_response);
     }
     let (parts, body) = request.into_parts();
-    match read_body(&app.config, &parts.headers, body).await {
+    let timeout = app.config.timeouts.body_read;
+    match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
         Ok(body) => crate::claw_r1::control(&app, tenant, route, &parts, body).await,
         Err(e) => e.into_response(),
     }
@@ -350,7 +366,8 @@ where
             (tenant, session)
         }
     };
-    let body = read_body(&app.config, &parts.headers, body).await?;
+    let limit = app.config.limits.max_body_bytes;
+    let body = read_body(limit, app.config.timeouts.body_read, &parts.headers, body).await?;
     // What the engine gets is what the sidecar read: a body it cannot read is refused here.
     let json = crate::agent_json::read(&parts.method, &body)?;
     let (body, json, endpoint, upstream_path, answer) = match (endpoint, json) {
@@ -572,8 +589,14 @@ fn reencode_if(changed: bool, json: &Value, body: Bytes) -> Result<Bytes, ProxyE
         .map_err(|e| ProxyError::Internal(format!("the rewritten body could not be written: {e}")))
 }
 
+/// Largest body of a control call (the handshake API, Claw-R1's init, register and complete):
+/// they carry ids, rewards and a little metadata, never a conversation.
+const CONTROL_BODY_LIMIT: usize = 1 << 20;
+
+/// The request body, refused past `limit` bytes (declared or read) or `timeout`.
 async fn read_body<B>(
-    config: &Config,
+    limit: usize,
+    timeout: std::time::Duration,
     headers: &http::HeaderMap,
     body: B,
 ) -> Result<Bytes, ProxyError>
@@ -581,7 +604,6 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let limit = config.limits.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -589,7 +611,6 @@ where
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let timeout = config.timeouts.body_read;
     match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
         Err(_) => Err(ProxyError::BodyTimeout(timeout)),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),

@@ -77,7 +77,11 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> ResponseFuture {
-        let is_api = matches!(request.extensions().get::<Route>(), Some(Route::Api { .. }));
+        // Model calls, whichever form their path takes (Claw-R1's base_url included).
+        let is_api = matches!(
+            request.extensions().get::<Route>(),
+            Some(Route::Api { .. } | Route::ClawR1(crate::claw_r1::Route::Api { .. }))
+        );
         if !is_api {
             return self.inner.call(request);
         }

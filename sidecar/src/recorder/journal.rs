@@ -72,6 +72,9 @@ struct Tail {
 pub struct Journal {
     path: PathBuf,
     tail: Mutex<Tail>,
+    /// The same open file, for reading back without the tail's lock: bytes before the tail's
+    /// end never change while they are read (only the writer, which reads, empties the file).
+    reader: File,
     /// How far the writer has applied, persisted as 8 bytes.
     checkpoint: File,
     /// Held for the life of the process: the slot is ours.
@@ -147,8 +150,10 @@ impl Journal {
         } else {
             0
         };
+        let reader = file.try_clone().map_err(fail)?;
         let journal = Journal {
             path,
+            reader,
             tail: Mutex::new(Tail {
                 file,
                 epoch: 0,
@@ -178,6 +183,11 @@ impl Journal {
         }
     }
 
+    /// A blocking-pool task that did the journal's I/O and did not finish (a panic, shutdown).
+    pub fn failed_task(&self, e: tokio::task::JoinError) -> JournalError {
+        self.fail(std::io::Error::other(e))
+    }
+
     /// Where the writer starts: what was applied before this process took the journal. What
     /// lies between it and [`Journal::end`] is a predecessor's unfinished work.
     pub fn recovered_from(&self) -> Position {
@@ -199,13 +209,22 @@ impl Journal {
     }
 
     /// Appends one record: it is in the page cache (with `fsync`, on disk) when this returns.
+    /// With `fsync` the wait for the disk is announced to the runtime, whose other tasks move
+    /// to another worker meanwhile; a write to the page cache does not wait.
     pub fn append(&self, ops: &[WriteOp]) -> Result<Position, JournalError> {
         let line = encode(ops).map_err(|e| self.fail(e.into()))?;
+        match self.fsync && on_a_multi_thread_runtime() {
+            true => tokio::task::block_in_place(|| self.append_line(&line)),
+            false => self.append_line(&line),
+        }
+    }
+
+    fn append_line(&self, line: &[u8]) -> Result<Position, JournalError> {
         let mut tail = self.tail();
         let start = tail.end;
         // One write per record: a reader never sees half of one, and a failed write leaves the
         // file as it was (a short write is undone below).
-        if let Err(e) = tail.file.write_all(&line) {
+        if let Err(e) = tail.file.write_all(line) {
             let _ = tail.file.set_len(start);
             let _ = tail.file.seek(SeekFrom::Start(start));
             return Err(self.fail(e));
@@ -231,17 +250,20 @@ impl Journal {
         to: u64,
         max_bytes: u64,
     ) -> Result<Option<(Vec<Record>, u64)>, JournalError> {
-        let tail = self.tail();
-        if tail.epoch != epoch {
-            return Ok(None);
-        }
-        let to = to.min(tail.end);
+        // The lock only for where the tail is: appends go on while the bytes are read.
+        let to = {
+            let tail = self.tail();
+            if tail.epoch != epoch {
+                return Ok(None);
+            }
+            to.min(tail.end)
+        };
         if to <= from {
             return Ok(Some((Vec::new(), from)));
         }
         let read = |len: u64| -> Result<Vec<u8>, JournalError> {
             let mut bytes = vec![0u8; len as usize];
-            tail.file
+            self.reader
                 .read_exact_at(&mut bytes, from)
                 .map_err(|e| self.fail(e))?;
             Ok(bytes)
@@ -262,7 +284,6 @@ impl Journal {
                 }
             }
         }
-        drop(tail);
         let reached = from + bytes.len() as u64;
         let mut records = Vec::new();
         for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
@@ -305,6 +326,13 @@ impl Journal {
         self.checkpoint(0)?;
         Ok(Some(tail.epoch))
     }
+}
+
+/// Whether this thread is a worker of a multi-thread tokio runtime (where a blocking section can
+/// hand its other tasks on).
+fn on_a_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// One record's line, as [`Journal::append`] writes it: the record as JSON and a newline.

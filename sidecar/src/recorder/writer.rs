@@ -125,7 +125,7 @@ impl Writer {
                 applied.end = at.end;
             }
             self.apply(batch, &errors).await;
-            self.settle(&mut applied);
+            self.settle(&mut applied).await;
             if let Some(done) = close {
                 self.catch_up(&mut applied, self.journal.end(), &errors)
                     .await;
@@ -139,10 +139,14 @@ impl Writer {
     /// the journal's end), `queue_bytes` of it at a time, recording the progress after each.
     async fn catch_up(&self, applied: &mut Applied, to: Position, errors: &LogThrottle) {
         while to.epoch == applied.epoch && applied.end < to.start {
-            match self
-                .journal
-                .read(applied.epoch, applied.end, to.start, self.queue_bytes)
-            {
+            let journal = Arc::clone(&self.journal);
+            let (epoch, from, max) = (applied.epoch, applied.end, self.queue_bytes);
+            // File reads on the blocking pool: the runtime's workers serve requests.
+            let read =
+                tokio::task::spawn_blocking(move || journal.read(epoch, from, to.start, max))
+                    .await
+                    .unwrap_or_else(|e| Err(self.journal.failed_task(e)));
+            match read {
                 Ok(Some((records, reached))) => {
                     if reached <= applied.end {
                         return;
@@ -154,7 +158,7 @@ impl Writer {
                     }
                     self.apply(batch, errors).await;
                     applied.end = reached;
-                    self.settle(applied);
+                    self.settle(applied).await;
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -168,11 +172,22 @@ impl Writer {
     }
 
     /// Persists the progress; empties the journal when all of it is applied and it is large.
-    fn settle(&self, applied: &mut Applied) {
-        if let Err(e) = self.journal.checkpoint(applied.end) {
+    /// On the blocking pool: with `fsync` each checkpoint waits for the disk.
+    async fn settle(&self, applied: &mut Applied) {
+        let journal = Arc::clone(&self.journal);
+        let (epoch, end) = (applied.epoch, applied.end);
+        let (checkpointed, rotated) = tokio::task::spawn_blocking(move || {
+            (
+                journal.checkpoint(end),
+                journal.rotate_if_applied(epoch, end),
+            )
+        })
+        .await
+        .unwrap_or_else(|e| (Err(self.journal.failed_task(e)), Ok(None)));
+        if let Err(e) = checkpointed {
             tracing::error!(error = %e, "the journal's checkpoint cannot be written: a restart would apply records again");
         }
-        match self.journal.rotate_if_applied(applied.epoch, applied.end) {
+        match rotated {
             Ok(Some(epoch)) => {
                 applied.epoch = epoch;
                 applied.end = 0;

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{assert_openai_error, client, eventually, post_chat, sse_data};
+use crate::support::{assert_openai_error, chat_request, client, eventually, post_chat, sse_data};
 
 #[tokio::test]
 async fn a_body_over_the_limit_gets_413_and_never_reaches_the_engine() {
@@ -54,6 +54,7 @@ async fn past_the_concurrency_limit_requests_are_shed_with_retry_after() {
     let mut config = test_config(&[engine.url()]);
     config.limits.max_concurrent_requests = 2;
     config.limits.retry_after_secs = 2;
+    config.claw_r1.enabled = true;
     let sidecar = Arc::new(Sidecar::start(config).await);
 
     let held: Vec<_> = (0..2)
@@ -68,6 +69,14 @@ async fn past_the_concurrency_limit_requests_are_shed_with_retry_after() {
     assert_eq!(shed.status(), 503);
     assert_eq!(shed.headers()["retry-after"], "2");
     assert_openai_error(&shed.json().await.unwrap(), "overloaded");
+    // A model call under a Claw-R1 base_url is one too.
+    let claw = client()
+        .post(sidecar.url("/uid-1/prompt-1/v1/chat/completions"))
+        .json(&chat_request(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(claw.status(), 503);
     // Health endpoints are not shed.
     assert_eq!(
         client()
@@ -158,4 +167,48 @@ async fn a_client_that_never_finishes_its_body_gets_408() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
     assert_eq!(engine.request_count(), 0);
+}
+
+/// A request that announces a large body and sends a few bytes of it: a control route must
+/// answer it from its headers, not wait for (or hold) the body.
+async fn announce_a_large_body(sidecar: &Sidecar, path: &str, headers: &str) -> String {
+    let mut stream = TcpStream::connect(sidecar.addr)
+        .await
+        .expect("the sidecar accepts");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{headers}content-length: 8000000\r\n\r\n{{\"a\":"
+    );
+    stream.write_all(head.as_bytes()).await.expect("sends");
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+        .await
+        .expect("an answer before the body came")
+        .expect("reads");
+    String::from_utf8_lossy(&answer[..read]).into_owned()
+}
+
+#[tokio::test]
+async fn control_routes_refuse_before_reading_a_body_and_take_small_ones_only() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.admin.token = Some("admin-secret".to_owned());
+    config.timeouts.body_read = Duration::from_secs(30);
+    let sidecar = Sidecar::start(config).await;
+
+    // No token for the handshake API; Claw-R1 not enabled: refused from the headers.
+    let answer = announce_a_large_body(&sidecar, "/trajectories", "").await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let answer = announce_a_large_body(&sidecar, "/init_trajectory", "").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 404") || answer.starts_with("HTTP/1.1 403"),
+        "{answer}"
+    );
+    // With the token, a body past the control limit (1 MiB) is refused as it is announced.
+    let answer = announce_a_large_body(
+        &sidecar,
+        "/trajectories",
+        "authorization: Bearer admin-secret\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
