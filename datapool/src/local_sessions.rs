@@ -555,6 +555,32 @@ impl Sessions for LocalSessions {
         .await
     }
 
+    async fn forget_call(
+        &self,
+        tenant: &TenantId,
+        call: &StepId,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Option<Finishing>> {
+        let (owner, step) = (tenant.to_string(), call.to_string());
+        let marked: Option<String> = self
+            .transaction(move |tx| {
+                Ok(tx
+                    .prepare_cached(
+                        "SELECT trajectory FROM live_calls WHERE tenant = ?1 AND step = ?2",
+                    )?
+                    .query_row([&owner, &step], |r| r.get(0))
+                    .optional()?)
+            })
+            .await?;
+        let Some(marked) = marked else {
+            return Ok(None);
+        };
+        let trajectory = parse_stored("an in-flight call's trajectory", &marked)?;
+        self.call_abandoned(tenant, &trajectory, call, now, timing)
+            .await
+    }
+
     async fn call_abandoned(
         &self,
         tenant: &TenantId,

@@ -31,6 +31,12 @@ local P = ARGV[1]
 local LIVE = KEYS[1]
 local function live_key(id) return P .. 'live:' .. id end
 local function stitch_key(k) return P .. 'stitch:' .. k end
+-- A call in flight on trajectory `id` (hash `h`): marked there, and its trajectory left under
+-- the call's id so that a caller who lost JOIN's answer can still take the mark away.
+local function in_flight(id, h, call, now, ttl)
+  redis.call('HSET', h, 'c:' .. call, now)
+  redis.call('SET', P .. 'call:' .. call, id, 'PX', ttl)
+end
 local function split(v, sep)
   local at = string.find(v, sep, 1, true)
   return string.sub(v, 1, at - 1), string.sub(v, at + 1)
@@ -143,7 +149,7 @@ elseif mode == 'stitch' then
 end
 if found then
   local h = live_key(found)
-  if call ~= '' then redis.call('HSET', h, 'c:' .. call, now) end
+  if call ~= '' then in_flight(found, h, call, now, ttl) end
   touch(found, h, now, ttl)
   local f = redis.call('HMGET', h, 'next', 'last', 'covered', 'eval')
   -- The trajectory this join asked to open: a retry whose first answer was lost, and its
@@ -153,7 +159,7 @@ if found then
 end
 local h = live_key(open)
 redis.call('HSET', h, 'next', 0, 'covered', 0)
-if call ~= '' then redis.call('HSET', h, 'c:' .. call, now) end
+if call ~= '' then in_flight(open, h, call, now, ttl) end
 if mode == 'name' then
   redis.call('SET', P .. 'name:' .. anchor, open, 'PX', ttl)
   redis.call('HSET', h, 'name', anchor)
@@ -174,6 +180,7 @@ local id, step = ARGV[2], ARGV[3]
 local now, stale_before, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local h = live_key(id)
 redis.call('HDEL', h, 'c:' .. step)
+redis.call('DEL', P .. 'call:' .. step)
 if redis.call('EXISTS', h) == 0 then
   local reason, steps, last = finished(id)
   if reason and last == step then return {steps - 1, reason, steps} end
@@ -230,6 +237,30 @@ return {index, '', 0}
     )
 });
 
+/// ARGV: prefix, call, stale_before, ttl, completion due.
+/// Returns {trajectory or "", finishing reason or "", steps}: the live trajectory the call was
+/// marked on, and what taking the mark away finished.
+pub(crate) static FORGET_CALL: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local call = ARGV[2]
+local k = P .. 'call:' .. call
+local id = redis.call('GET', k)
+if not id then return {'', '', 0} end
+redis.call('DEL', k)
+local h = live_key(id)
+if redis.call('EXISTS', h) == 0 then return {'', '', 0} end
+redis.call('HDEL', h, 'c:' .. call)
+local after = redis.call('HGET', h, 'after')
+if after and not busy(h, tonumber(ARGV[3])) then
+  local f = finish_now(id, h, after, ARGV[4], ARGV[5])
+  return {id, f[2], f[3]}
+end
+return {id, '', 0}
+"#,
+    )
+});
+
 /// ARGV: prefix, trajectory, step, now, stale_before, ttl, completion due.
 /// Returns {finishing reason or "", steps}.
 pub(crate) static CALL_ABANDONED: LazyLock<Script> = LazyLock::new(|| {
@@ -238,6 +269,7 @@ pub(crate) static CALL_ABANDONED: LazyLock<Script> = LazyLock::new(|| {
 local id = ARGV[2]
 local h = live_key(id)
 redis.call('HDEL', h, 'c:' .. ARGV[3])
+redis.call('DEL', P .. 'call:' .. ARGV[3])
 if redis.call('EXISTS', h) == 0 then
   local reason, steps = finished(id)
   if reason then return {reason, steps} end

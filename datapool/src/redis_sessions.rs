@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::ids::{StepId, TenantId, TrajectoryId, UnixMs};
 use crate::keys;
 use crate::redis_session_scripts::{
-    CALL_ABANDONED, COMPLETIONS_WRITTEN, FINISH, FINISH_IDLE, JOIN, OVERDUE_COMPLETIONS,
-    SET_EVALUATION_ONLY, STEP_DONE,
+    CALL_ABANDONED, COMPLETIONS_WRITTEN, FINISH, FINISH_IDLE, FORGET_CALL, JOIN,
+    OVERDUE_COMPLETIONS, SET_EVALUATION_ONLY, STEP_DONE,
 };
 use crate::redis_store::RedisStore;
 use crate::schema::CompletionReason;
@@ -147,6 +147,30 @@ impl Sessions for RedisStore {
             index: u32::try_from(index).ok(),
             finishing,
         })
+    }
+
+    async fn forget_call(
+        &self,
+        tenant: &TenantId,
+        call: &StepId,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Option<Finishing>> {
+        // JOIN leaves which trajectory a call joined under the call's id (STEP_DONE and
+        // CALL_ABANDONED take it away).
+        let (trajectory, why, steps): (String, String, i64) = FORGET_CALL
+            .key(keys::live(tenant))
+            .arg(keys::tenant_prefix(tenant))
+            .arg(call.to_string())
+            .arg(now.saturating_sub(timing.stale_call).0)
+            .arg(millis(timing.retention()))
+            .arg(timing.completion_due(now).0)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match why.as_str() {
+            "" => Ok(None),
+            why => finishing(&trajectory, why, steps).map(Some),
+        }
     }
 
     async fn call_abandoned(

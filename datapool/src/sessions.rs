@@ -228,6 +228,17 @@ pub trait Sessions: Send + Sync {
         timing: Timing,
     ) -> Result<Option<Finishing>>;
 
+    /// A call whose operation's answer was lost (the caller went on without the shared state):
+    /// wherever it is marked in flight, it no longer is — as [`Sessions::call_abandoned`] on
+    /// the trajectory it joined, which the caller never learnt. Nothing when it holds none.
+    async fn forget_call(
+        &self,
+        tenant: &TenantId,
+        call: &StepId,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Option<Finishing>>;
+
     /// Finishes a live trajectory for `reason` now, or once its calls in flight are recorded.
     async fn finish(
         &self,

@@ -436,6 +436,19 @@ impl Sessions for SpooledStore {
         self.shared.redis.step_done(done, timing).await
     }
 
+    async fn forget_call(
+        &self,
+        tenant: &TenantId,
+        call: &StepId,
+        now: UnixMs,
+        timing: Timing,
+    ) -> Result<Option<Finishing>> {
+        self.shared
+            .redis
+            .forget_call(tenant, call, now, timing)
+            .await
+    }
+
     async fn call_abandoned(
         &self,
         tenant: &TenantId,

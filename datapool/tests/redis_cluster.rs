@@ -66,6 +66,11 @@ async fn the_store_works_on_a_three_master_cluster() {
     sessions::a_key_two_trajectories_hold_is_never_guessed(s, &tenants[2]).await;
     sessions::a_repeated_join_or_step_done_gets_its_first_answer(s, &fresh_tenant("c-repeated"))
         .await;
+    sessions::a_call_whose_join_answer_was_lost_is_forgotten_and_frees_its_trajectory(
+        s,
+        &fresh_tenant("c-lost-join"),
+    )
+    .await;
     sessions::a_completion_waits_for_the_calls_in_flight_and_is_answered_once(s, &tenants[3]).await;
     sessions::racing_calls_of_one_session_share_a_trajectory_and_number_their_steps_once(
         std::sync::Arc::new(store.clone()),

@@ -53,6 +53,8 @@ async fn every_scenario(sessions: Arc<dyn Sessions>, redis: bool) {
     scenarios::a_retry_after_a_broken_answer_continues_the_trajectory(s, &t).await;
     let (t, _g) = tenant("repeated");
     scenarios::a_repeated_join_or_step_done_gets_its_first_answer(s, &t).await;
+    let (t, _g) = tenant("lost-join");
+    scenarios::a_call_whose_join_answer_was_lost_is_forgotten_and_frees_its_trajectory(s, &t).await;
     let (t, _g) = tenant("eval-only");
     scenarios::an_evaluation_only_trajectory_says_so_to_its_calls(s, &t).await;
 }

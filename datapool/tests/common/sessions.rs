@@ -734,3 +734,40 @@ pub async fn a_repeated_join_or_step_done_gets_its_first_answer(
         }
     }
 }
+
+/// A call whose JOIN answer was lost — its caller went on without the shared state — is
+/// forgotten by its id: the trajectory it was marked on no longer waits for it, and a
+/// completion deferred for it is answered then, once.
+pub async fn a_call_whose_join_answer_was_lost_is_forgotten_and_frees_its_trajectory(
+    sessions: &dyn Sessions,
+    tenant: &TenantId,
+) {
+    let now = t0();
+    let (j, ghost) = join_as(tenant, Anchor::Name("lost".into()), now);
+    let t = join(sessions, &j).await;
+    let finished = sessions
+        .finish(
+            tenant,
+            &t.trajectory,
+            CompletionReason::Handshake,
+            now,
+            TIMING,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("finish: {e}"));
+    assert_eq!(finished, Finish::Deferred, "the ghost holds it");
+    let forgotten = sessions
+        .forget_call(tenant, &ghost, now, TIMING)
+        .await
+        .unwrap_or_else(|e| panic!("forget_call: {e}"));
+    let finishing = forgotten.unwrap_or_else(|| panic!("the deferred completion is due"));
+    assert_eq!(finishing.trajectory, t.trajectory);
+    assert_eq!(finishing.reason, CompletionReason::Handshake);
+    for call in [ghost, StepId::new()] {
+        let again = sessions
+            .forget_call(tenant, &call, now, TIMING)
+            .await
+            .unwrap_or_else(|e| panic!("forget_call: {e}"));
+        assert!(again.is_none(), "{again:?}");
+    }
+}

@@ -799,6 +799,10 @@ impl Recorder {
         if let Some(filters) = self.filters.get() {
             filters.forget_idle(self.config.idle_timeout);
         }
+        for (tenant, finishing) in self.sessions.forget_ghosts().await {
+            let op = self.completion(&tenant, finishing);
+            self.sink.write(op.into_iter().collect());
+        }
         let tenants = self.tenants().await;
         let cutoff = UnixMs::now().saturating_sub(self.config.group_timeout);
         for tenant in tenants {

@@ -10,6 +10,12 @@
 //! local state is recorded there. While the shared state is away, replicas cannot see each
 //! other's sessions, so a session whose calls are spread over replicas may split; a sidecar that
 //! serves one agent pod (all its calls) keeps every session whole.
+//!
+//! An operation that timed out may still have landed: a JOIN that marked its call in flight on
+//! a shared trajectory, a STEP_DONE or an abandon that never took the mark away. Such a mark
+//! would hold its trajectory open — no completion, no idle sweep — until `stale_call`. The
+//! call is remembered as a ghost, and the sweep has the shared state forget it once it answers
+//! again ([`Sessions::forget_call`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +40,8 @@ pub enum Held {
 const BACKOFF: Duration = Duration::from_secs(1);
 /// Between retries of a shared operation.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
+/// Most ghost calls remembered; past it the oldest are left to `stale_call`.
+const GHOSTS_CAP: usize = 65_536;
 
 pub struct SessionState {
     shared: Arc<dyn Sessions>,
@@ -46,6 +54,8 @@ pub struct SessionState {
     skip_until: AtomicU64,
     epoch: Instant,
     metrics: Arc<Metrics>,
+    /// Calls whose shared operation timed out and may have left them marked in flight there.
+    ghosts: std::sync::Mutex<std::collections::VecDeque<(TenantId, StepId)>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +80,7 @@ impl SessionState {
             skip_until: AtomicU64::new(0),
             epoch: Instant::now(),
             metrics,
+            ghosts: std::sync::Mutex::default(),
         }
     }
 
@@ -143,9 +154,57 @@ impl SessionState {
             .inc();
     }
 
+    /// Remembers `call` as one the shared state may still mark in flight.
+    fn ghost(&self, tenant: &TenantId, call: StepId) {
+        let mut ghosts = self.ghosts.lock().unwrap_or_else(|p| p.into_inner());
+        if ghosts.len() == GHOSTS_CAP {
+            ghosts.pop_front();
+        }
+        ghosts.push_back((tenant.clone(), call));
+    }
+
+    /// Has the shared state forget the ghost calls, while it answers; what that finished (a
+    /// completion that waited for a ghost), for the caller to write.
+    pub async fn forget_ghosts(&self) -> Vec<(TenantId, Finishing)> {
+        let mut finished = Vec::new();
+        let (timing, now) = (self.timing, UnixMs::now());
+        loop {
+            if self.skipping() {
+                return finished;
+            }
+            let next = self
+                .ghosts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front();
+            let Some((tenant, call)) = next else {
+                return finished;
+            };
+            let forgotten = self
+                .on_shared("forget_call", |s| {
+                    let tenant = tenant.clone();
+                    async move { s.forget_call(&tenant, &call, now, timing).await }
+                })
+                .await;
+            match forgotten {
+                Some(Some(finishing)) => finished.push((tenant, finishing)),
+                Some(None) => {}
+                None => {
+                    // Away again: kept for the next sweep.
+                    self.ghosts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_front((tenant, call));
+                    return finished;
+                }
+            }
+        }
+    }
+
     /// The trajectory a call joins, and where its state lives.
     pub async fn join(&self, join: &Join) -> (Joined, Held) {
         let timing = self.timing;
+        let tried = !self.skipping();
         let shared = self
             .on_shared("join", |s| {
                 let join = join.clone();
@@ -154,6 +213,9 @@ impl SessionState {
             .await;
         if let Some(joined) = shared {
             return (joined, Held::Shared);
+        }
+        if let (true, Some(call)) = (tried, join.call) {
+            self.ghost(&join.tenant, call);
         }
         match self.local.join(join, timing).await {
             Ok(joined) => (joined, Held::Local),
@@ -171,11 +233,16 @@ impl SessionState {
         let timing = self.timing;
         match held {
             Held::Shared => {
-                self.on_shared("step_done", |s| {
-                    let done = done.clone();
-                    async move { s.step_done(&done, timing).await }
-                })
-                .await
+                let slot = self
+                    .on_shared("step_done", |s| {
+                        let done = done.clone();
+                        async move { s.step_done(&done, timing).await }
+                    })
+                    .await;
+                if slot.is_none() {
+                    self.ghost(&done.tenant, done.step);
+                }
+                slot
             }
             Held::Local => self.local.step_done(done, timing).await.ok(),
         }
@@ -191,16 +258,21 @@ impl SessionState {
     ) -> Option<Finishing> {
         let (timing, now) = (self.timing, UnixMs::now());
         match held {
-            Held::Shared => self
-                .on_shared("call_abandoned", |s| {
-                    let (tenant, trajectory, call) = (tenant.clone(), *trajectory, *call);
-                    async move {
-                        s.call_abandoned(&tenant, &trajectory, &call, now, timing)
-                            .await
-                    }
-                })
-                .await
-                .flatten(),
+            Held::Shared => {
+                let abandoned = self
+                    .on_shared("call_abandoned", |s| {
+                        let (tenant, trajectory, call) = (tenant.clone(), *trajectory, *call);
+                        async move {
+                            s.call_abandoned(&tenant, &trajectory, &call, now, timing)
+                                .await
+                        }
+                    })
+                    .await;
+                if abandoned.is_none() {
+                    self.ghost(tenant, *call);
+                }
+                abandoned.flatten()
+            }
             Held::Local => self
                 .local
                 .call_abandoned(tenant, trajectory, call, now, timing)

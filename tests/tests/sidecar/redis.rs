@@ -357,3 +357,62 @@ async fn a_call_is_forwarded_while_the_session_state_answers_its_join() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A JOIN that timed out may still land: Redis paused past `session_timeout` takes the call's
+/// join once it resumes, marking the call in flight on the session's trajectory — while the
+/// call itself went on with the replica's own state. That ghost must not hold the trajectory
+/// open: the sweep has Redis forget it, and the trajectory completes once idle.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_that_timed_out_and_landed_later_leaves_no_ghost_holding_its_trajectory() {
+    let redis = RedisServer::start();
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.redis = Some(redis.url());
+    config.recording.session_timeout = Duration::from_millis(200);
+    config.recording.idle_timeout = Duration::from_millis(500);
+    let sidecar = Sidecar::start(config).await;
+    let turn = |content: &'static str| {
+        client()
+            .post(sidecar.url("/v1/chat/completions"))
+            .header("x-clawback-session", "ghosted")
+            .json(&json!({"model": "mock-llama",
+                          "messages": [{"role": "user", "content": content}]}))
+            .send()
+    };
+    assert_eq!(turn("first").await.unwrap().status(), 200);
+    let reader = RedisStore::connect(&RedisConfig::single(redis.url()))
+        .await
+        .unwrap();
+    let tenant = TenantId::new("default").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reader
+        .list_trajectories(&tenant, None, 10)
+        .await
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the first call recorded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    redis_admin(&redis.url(), &["CLIENT", "PAUSE", "1500", "WRITE"]).await;
+    assert_eq!(turn("second").await.unwrap().status(), 200);
+
+    // Every trajectory completes once idle: none is held by the late join's mark.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = reader
+            .list_trajectories(&tenant, None, 10)
+            .await
+            .unwrap_or_default();
+        if !listed.is_empty()
+            && listed
+                .iter()
+                .all(|h| h.status == TrajectoryStatus::Completed)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still open: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
