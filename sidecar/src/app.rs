@@ -277,12 +277,15 @@ where
                 Route::Handshake(route) => {
                     let (parts, body) = request.into_parts();
                     // Who asks is known before a byte of the body is read.
-                    if let Err(refused) = app.admin.authorize(&parts) {
-                        return Ok(refused.into_response());
-                    }
+                    let scope = match app.admin.authorize(&parts) {
+                        Ok(scope) => scope,
+                        Err(refused) => return Ok(refused.into_response()),
+                    };
                     let timeout = app.config.timeouts.body_read;
                     match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
-                        Ok(body) => crate::handshake::handle(&app, route, &parts, body).await,
+                        Ok(body) => {
+                            crate::handshake::handle(&app, &scope, route, &parts, body).await
+                        }
                         Err(e) => e.into_response(),
                     }
                 }

@@ -242,22 +242,20 @@ async fn ensure_open(
 }
 
 /// Admits a `/v1` call under a Claw-R1 `base_url`: its session (the uid) once the uid is known
-/// to be `tenant`'s and its trajectory is open.
+/// to be `tenant`'s and its trajectory is open. The caller has checked that the protocol is on
+/// (before reading anything of the request).
 pub async fn admit_api(
     app: &App,
     tenant: &TenantId,
     uid: &SessionId,
     prompt: &SessionId,
 ) -> Result<SessionId, ClawR1Error> {
-    if !app.config.claw_r1.enabled {
-        return Err(ClawR1Error::Disabled);
-    }
     ensure_open(app, tenant, uid.as_str(), prompt.as_str(), &Value::Null)
         .await
         .map(|_| uid.clone())
 }
 
-/// Answers init, register and complete.
+/// Answers init, register and complete (the protocol is on: the caller checked).
 pub async fn control(
     app: &App,
     tenant: TenantId,
@@ -266,9 +264,6 @@ pub async fn control(
     body: Bytes,
 ) -> Response<ProxyBody> {
     let answer = async {
-        if !app.config.claw_r1.enabled {
-            return Err(ClawR1Error::Disabled);
-        }
         match route {
             Route::Init => init(app, tenant, parts),
             Route::Register(at) => register(app, &tenant, at, parse(&body)?).await,

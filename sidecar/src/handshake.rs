@@ -182,24 +182,25 @@ struct FeedbackBody {
     label: Option<String>,
 }
 
+/// Answers a handshake API call of the caller `scope` ([`auth::AdminAuth::authorize`] decided it).
 pub async fn handle(
     app: &App,
+    scope: &Scope,
     route: Result<Route, ()>,
     parts: &request::Parts,
     body: Bytes,
 ) -> Response<ProxyBody> {
     let answer = async {
-        let scope = app.admin.authorize(parts)?;
         let route = route.map_err(|()| HandshakeError::NoRoute(parts.uri.path().to_owned()))?;
         match route {
-            Route::Create => create(app, &scope, parts, parse(&body)?).await,
-            Route::Get(id) => get(app, &scope, &id, query_param(parts, "tenant")).await,
-            Route::List => listing::trajectories(app, &scope, parts).await,
-            Route::Tenants => listing::tenants(app, &scope).await,
-            Route::Rewards(tenant) => listing::rewards(app, &scope, &tenant, parts).await,
-            Route::Export(tenant) => listing::export(app, &scope, &tenant, parts).await,
-            Route::Complete(id) => complete(app, &scope, &id, parse(&body)?).await,
-            Route::Feedback(id) => feedback(app, &scope, &id, parse(&body)?).await,
+            Route::Create => create(app, scope, parts, parse(&body)?).await,
+            Route::Get(id) => get(app, scope, &id, query_param(parts, "tenant")).await,
+            Route::List => listing::trajectories(app, scope, parts).await,
+            Route::Tenants => listing::tenants(app, scope).await,
+            Route::Rewards(tenant) => listing::rewards(app, scope, &tenant, parts).await,
+            Route::Export(tenant) => listing::export(app, scope, &tenant, parts).await,
+            Route::Complete(id) => complete(app, scope, &id, parse(&body)?).await,
+            Route::Feedback(id) => feedback(app, scope, &id, parse(&body)?).await,
         }
     };
     answer.await.unwrap_or_else(HandshakeError::into_response)

@@ -199,9 +199,9 @@ impl Writer {
 
     async fn apply(&self, batch: Batch, errors: &LogThrottle) {
         for op in batch.in_order() {
-            let completed: Vec<_> = completions::completed(std::slice::from_ref(&op)).collect();
+            let completed = completions::completed(std::slice::from_ref(&op)).next();
             self.apply_op(op, errors).await;
-            for written in completed {
+            if let Some(written) = completed {
                 // Gone only at shutdown: the completion is then due again, harmlessly.
                 let _ = self.completions.send(written);
             }
