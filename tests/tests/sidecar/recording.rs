@@ -746,19 +746,18 @@ async fn readyz_shows_the_capture_level_and_what_a_trainer_must_know() {
         ready["capture"]["findings"]["trainable_without_logprobs"],
         0
     );
+    // /readyz counts a step when it is recorded; the store has it once the writer wrote it.
     let store = store(&sidecar);
-    let tenant = TenantId::new("default").unwrap();
-    let header = store
-        .list_trajectories(&tenant, None, 1)
-        .await
-        .unwrap()
-        .pop()
-        .unwrap();
-    let record = store
-        .trajectory(&tenant, &header.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let record = poll("the completed trajectory in the store", || {
+        let store = Arc::clone(&store);
+        async move {
+            records(&store, &tenant("default"))
+                .await
+                .into_iter()
+                .find(|r| r.trajectory.status == TrajectoryStatus::Completed && !r.steps.is_empty())
+        }
+    })
+    .await;
     assert_eq!(
         record.steps[0].capture,
         Some(clawback_datapool::Capture::Tokens)
