@@ -7,13 +7,14 @@
 //! | `clawback:tenants` | set | every tenant that has data (a key without a tenant tag) |
 //! | `clawback:session-key:{sha256}` | string | `{tenant}\|{trajectory}` a handshake session key stands for (untagged: the call presenting it has no tenant yet) |
 //! | `clawback:{t}:trajs` | zset (score 0, lex order = UUIDv7 time order) | trajectory ids, oldest first |
-//! | `clawback:{t}:traj:{id}` | hash | `json` header, `status`, `completed_at`, `group`, `group_size`, `steps`, `bytes` |
+//! | `clawback:{t}:traj:{id}` | hash | `json` header, `status`, `completed_at`, `group`, `group_size`, `steps`, `bytes`; `pending`, `expect` while its completion waits |
 //! | `clawback:{t}:traj:{id}:steps` | stream | one entry per step: `id`, `json` (`XADD MAXLEN ~`) |
 //! | `clawback:{t}:traj:{id}:next` | hash | step id → `next_state` JSON |
 //! | `clawback:{t}:traj:{id}:evals` | stream | one entry per evaluation: `json` |
 //! | `clawback:{t}:group:{id}` | hash | `size`, `state`, `created_at`, `settled_at` |
 //! | `clawback:{t}:group:{id}:members` | zset (lex) | member trajectory ids |
 //! | `clawback:{t}:group:{id}:finished` | set | members that finished |
+//! | `clawback:{t}:completions:waiting` | zset (score = completed ms) | finished trajectories whose completion waits for their header or steps (`pending`, `expect` in the hash), for the overdue sweep |
 //! | `clawback:{t}:groups:open` | zset (score = created ms) | open groups, for the group timeout sweep |
 //! | `clawback:{t}:usage` | hash | `steps`, `bytes`: what the tenant's caps are checked against |
 //! | `clawback:{t}:ready` | stream | ready work: `kind` (`trajectory`/`group`), `id`; read by consumer groups |
@@ -77,6 +78,10 @@ pub fn group_finished(tenant: &TenantId, id: &GroupId) -> String {
 
 pub fn open_groups(tenant: &TenantId) -> String {
     format!("clawback:{{{tenant}}}:groups:open")
+}
+
+pub fn waiting_completions(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:completions:waiting")
 }
 
 pub fn usage(tenant: &TenantId) -> String {

@@ -23,7 +23,7 @@ use crate::schema::{
 };
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
-    DeliveryId, ReadyItem, Store,
+    DeliveryId, ReadyItem, Store, OVERDUE_PER_SWEEP,
 };
 
 const SCHEMA: &str = r#"
@@ -70,6 +70,10 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     consumer TEXT NOT NULL, dead_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS policies (
     tenant TEXT PRIMARY KEY, version INTEGER NOT NULL, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS waiting_completions (
+    tenant TEXT NOT NULL, id TEXT NOT NULL, expect INTEGER NOT NULL, completed_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, id));
+CREATE INDEX IF NOT EXISTS waiting_since ON waiting_completions (tenant, completed_at);
 CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL);
 "#;
 
@@ -261,6 +265,52 @@ fn enqueue_finished(
     Ok(Some(item))
 }
 
+/// Enqueues the waiting completion of `id` if what it waits for is written: its header, and
+/// (unless `overdue`) the steps it expects. `None` while it waits (or nothing waited), else
+/// what it enqueued.
+fn settle_waiting(
+    tx: &rusqlite::Transaction<'_>,
+    tenant: &str,
+    id: TrajectoryId,
+    overdue: bool,
+) -> Result<Option<Option<ReadyItem>>> {
+    let key = id.to_string();
+    // Only a trajectory whose header is written can be enqueued.
+    let row: Option<(i64, String, Option<i64>, Option<String>)> = tx
+        .query_row(
+            "SELECT w.expect, t.status, t.completed_at, t.group_id
+             FROM waiting_completions w JOIN trajectories t ON t.tenant = w.tenant AND t.id = w.id
+             WHERE w.tenant = ?1 AND w.id = ?2 AND t.json != ''",
+            [tenant, &key],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?;
+    let Some((expect, status, at, group)) = row else {
+        return Ok(None);
+    };
+    if !overdue {
+        let have: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM steps WHERE tenant = ?1 AND trajectory = ?2",
+            [tenant, &key],
+            |r| r.get(0),
+        )?;
+        if have < expect {
+            return Ok(None);
+        }
+    }
+    tx.execute(
+        "DELETE FROM waiting_completions WHERE tenant = ?1 AND id = ?2",
+        [tenant, &key],
+    )?;
+    let status = TrajectoryStatus::parse(&status).unwrap_or(TrajectoryStatus::Completed);
+    let group = match group {
+        Some(gid) => Some(parse_stored::<GroupId>("group id", &gid)?),
+        None => None,
+    };
+    let at = UnixMs(at.unwrap_or_default().max(0) as u64);
+    Ok(Some(enqueue_finished(tx, tenant, id, group, status, at)?))
+}
+
 #[async_trait]
 impl Store for LocalStore {
     async fn upsert_trajectory(&self, t: &Trajectory) -> Result<()> {
@@ -274,16 +324,6 @@ impl Store for LocalStore {
                 "INSERT OR IGNORE INTO tenants (tenant) VALUES (?1)",
                 [tenant],
             )?;
-            // A completion written before this header (another replica's) waits in a row
-            // without one; it takes effect below.
-            let pending: Option<(String, Option<i64>)> = tx
-                .query_row(
-                    "SELECT status, completed_at FROM trajectories
-                     WHERE tenant = ?1 AND id = ?2 AND json = ''",
-                    [tenant, &id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
             tx.execute(
                 "INSERT INTO trajectories (tenant, id, json, group_id, group_size)
                  VALUES (?1, ?2, ?3, ?4, ?5)
@@ -311,12 +351,8 @@ impl Store for LocalStore {
                     params![tenant, gid, id],
                 )?;
             }
-            if let Some((status, at)) = pending {
-                let status =
-                    TrajectoryStatus::parse(&status).unwrap_or(TrajectoryStatus::Completed);
-                let at = UnixMs(at.unwrap_or_default().max(0) as u64);
-                enqueue_finished(&tx, tenant, t.id, t.group.map(|g| g.id), status, at)?;
-            }
+            // A completion written before this header (another replica's) takes effect now.
+            settle_waiting(&tx, tenant, t.id, false)?;
             tx.commit()?;
             Ok(())
         })
@@ -335,6 +371,10 @@ impl Store for LocalStore {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
+        let trajectories: Vec<(TenantId, TrajectoryId)> = steps
+            .iter()
+            .map(|s| (s.tenant.clone(), s.trajectory))
+            .collect();
         self.with(move |c| {
             let tx = c.transaction()?;
             {
@@ -346,6 +386,14 @@ impl Store for LocalStore {
                 )?;
                 for (tenant, traj, id, json) in &rows {
                     insert.execute(params![tenant, traj, id, json])?;
+                }
+            }
+            // A completion that waited for these steps (another replica's) takes effect now.
+            let mut seen: Vec<(&str, TrajectoryId)> = Vec::new();
+            for (tenant, traj) in trajectories.iter().map(|(t, id)| (t.as_str(), *id)) {
+                if !seen.contains(&(tenant, traj)) {
+                    seen.push((tenant, traj));
+                    settle_waiting(&tx, tenant, traj, false)?;
                 }
             }
             tx.commit()?;
@@ -413,49 +461,41 @@ impl Store for LocalStore {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let tenant = req.tenant.as_str();
             let id = req.trajectory.to_string();
-            let row: Option<(String, Option<String>)> = tx
+            let current: Option<String> = tx
                 .query_row(
-                    "SELECT status, group_id FROM trajectories WHERE tenant = ?1 AND id = ?2",
+                    "SELECT status FROM trajectories WHERE tenant = ?1 AND id = ?2",
                     [tenant, &id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    |r| r.get(0),
                 )
                 .optional()?;
-            let Some((current, group)) = row else {
-                // The header is not written yet: keep the completion for it.
-                tx.execute(
-                    "INSERT INTO trajectories (tenant, id, json, status, completed_at, completion)
-                     VALUES (?1, ?2, '', ?3, ?4, ?5)",
-                    params![tenant, id, status.as_str(), req.at.0 as i64, completion],
-                )?;
-                tx.commit()?;
-                return Ok(Completed {
-                    newly_finished: true,
-                    enqueued: None,
-                    deferred: true,
-                });
-            };
-            if current != TrajectoryStatus::Open.as_str() {
+            if current.is_some_and(|s| s != TrajectoryStatus::Open.as_str()) {
                 return Ok(Completed {
                     newly_finished: false,
                     enqueued: None,
                     deferred: false,
                 });
             }
+            // A row without a header (another replica's write still on its way) holds the
+            // completion until the header arrives.
             tx.execute(
-                "UPDATE trajectories SET status = ?3, completed_at = ?4, completion = ?5
-                 WHERE tenant = ?1 AND id = ?2",
+                "INSERT INTO trajectories (tenant, id, json, status, completed_at, completion)
+                 VALUES (?1, ?2, '', ?3, ?4, ?5)
+                 ON CONFLICT (tenant, id) DO UPDATE SET status = excluded.status,
+                     completed_at = excluded.completed_at, completion = excluded.completion",
                 params![tenant, id, status.as_str(), req.at.0 as i64, completion],
             )?;
-            let group = match group {
-                Some(gid) => Some(parse_stored::<GroupId>("group id", &gid)?),
-                None => None,
-            };
-            let enqueued = enqueue_finished(&tx, tenant, req.trajectory, group, status, req.at)?;
+            // It waits, and is enqueued as soon as it waits for nothing.
+            tx.execute(
+                "INSERT OR REPLACE INTO waiting_completions (tenant, id, expect, completed_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![tenant, id, req.steps.unwrap_or(0), req.at.0 as i64],
+            )?;
+            let settled = settle_waiting(&tx, tenant, req.trajectory, false)?;
             tx.commit()?;
             Ok(Completed {
                 newly_finished: true,
-                enqueued,
-                deferred: false,
+                enqueued: settled.flatten(),
+                deferred: settled.is_none(),
             })
         })
         .await
@@ -491,6 +531,40 @@ impl Store for LocalStore {
             }
             tx.commit()?;
             Ok(settled)
+        })
+        .await
+    }
+
+    async fn release_overdue(
+        &self,
+        tenant: &TenantId,
+        completed_before: UnixMs,
+    ) -> Result<Vec<TrajectoryId>> {
+        let tenant = tenant.to_string();
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let due = {
+                let mut q = tx.prepare_cached(
+                    "SELECT w.id FROM waiting_completions w
+                     JOIN trajectories t ON t.tenant = w.tenant AND t.id = w.id
+                     WHERE w.tenant = ?1 AND w.completed_at < ?2 AND t.json != ''
+                     ORDER BY w.completed_at LIMIT ?3",
+                )?;
+                let rows = q.query_map(
+                    params![tenant, completed_before.0 as i64, OVERDUE_PER_SWEEP as i64],
+                    |r| r.get::<_, String>(0),
+                )?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            let mut released = Vec::new();
+            for id in due {
+                let id = parse_stored::<TrajectoryId>("trajectory id", &id)?;
+                if settle_waiting(&tx, &tenant, id, true)?.is_some() {
+                    released.push(id);
+                }
+            }
+            tx.commit()?;
+            Ok(released)
         })
         .await
     }

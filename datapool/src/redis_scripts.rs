@@ -31,11 +31,13 @@ local function enqueue(id, status, at, group, maxlen)
 end
 "#;
 
-/// Finishes a trajectory and enqueues what became ready. A trajectory whose header is not
-/// written yet (another replica's write still on its way) keeps the completion as pending, and
-/// [`SETTLE_PENDING`] enqueues it when the header arrives.
-/// KEYS: as [`ENQUEUE`]. ARGV: traj id, status, at ms, completion JSON, group id or "", ready
-/// MAXLEN. Returns 0 already finished, 1-3 as [`ENQUEUE`], 4 pending its header.
+/// Finishes a trajectory and enqueues what became ready. One whose header is not written yet, or
+/// that holds fewer steps than expected (another replica's writes still on their way), keeps its
+/// completion as pending, indexed by when it finished, and [`SETTLE_PENDING`] enqueues it when
+/// they arrive.
+/// KEYS: as [`ENQUEUE`], then the waiting completions zset. ARGV: traj id, status, at ms,
+/// completion JSON, group id or "", ready MAXLEN, steps expected (0: any).
+/// Returns 0 already finished, 1-3 as [`ENQUEUE`], 4 pending.
 pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{ENQUEUE}{}",
@@ -43,8 +45,10 @@ pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
 local current = redis.call('HGET', KEYS[1], 'status')
 if current and current ~= 'open' then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'completed_at', ARGV[3], 'completion', ARGV[4])
-if redis.call('HEXISTS', KEYS[1], 'json') == 0 then
-  redis.call('HSET', KEYS[1], 'pending', '1')
+if redis.call('HEXISTS', KEYS[1], 'json') == 0
+   or (tonumber(redis.call('HGET', KEYS[1], 'steps')) or 0) < tonumber(ARGV[7]) then
+  redis.call('HSET', KEYS[1], 'pending', '1', 'expect', ARGV[7])
+  redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
   return 4
 end
 return enqueue(ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6])
@@ -52,16 +56,27 @@ return enqueue(ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6])
     ))
 });
 
-/// Enqueues a completion that arrived before the trajectory's header, once the header is
-/// written. KEYS: as [`ENQUEUE`]. ARGV: traj id, group id or "", ready MAXLEN.
-/// Returns 0 when nothing was pending, else as [`ENQUEUE`].
+/// Enqueues a pending completion once its trajectory's header and expected steps are written
+/// (or, overdue, once the header is: the steps it has are all it gets).
+/// KEYS: as [`COMPLETE`]. ARGV: traj id, group id or "", ready MAXLEN, "1" when overdue.
+/// Returns 0 when it still waits (or nothing was pending), else as [`ENQUEUE`].
 pub(crate) static SETTLE_PENDING: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{ENQUEUE}{}",
         r#"
-if redis.call('HGET', KEYS[1], 'pending') ~= '1' then return 0 end
-redis.call('HDEL', KEYS[1], 'pending')
-local f = redis.call('HMGET', KEYS[1], 'status', 'completed_at')
+if redis.call('HGET', KEYS[1], 'pending') ~= '1' then
+  redis.call('ZREM', KEYS[6], ARGV[1])
+  return 0
+end
+if redis.call('HEXISTS', KEYS[1], 'json') == 0 then
+  -- Only the header's write settles it; the overdue sweep need not look at it again.
+  if ARGV[4] == '1' then redis.call('ZREM', KEYS[6], ARGV[1]) end
+  return 0
+end
+local f = redis.call('HMGET', KEYS[1], 'status', 'completed_at', 'steps', 'expect')
+if ARGV[4] ~= '1' and (tonumber(f[3]) or 0) < (tonumber(f[4]) or 0) then return 0 end
+redis.call('HDEL', KEYS[1], 'pending', 'expect')
+redis.call('ZREM', KEYS[6], ARGV[1])
 return enqueue(ARGV[1], f[1], f[2], ARGV[2], ARGV[3])
 "#
     ))

@@ -41,7 +41,7 @@ use crate::schema::{
 };
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
-    DeliveryId, ReadyItem, Store,
+    DeliveryId, ReadyItem, Store, OVERDUE_PER_SWEEP,
 };
 
 /// How to reach Redis and how much a tenant may keep there.
@@ -231,10 +231,27 @@ impl RedisStore {
             pipe.hincr(&key, "steps", *n).ignore();
             pipe.hincr(&key, "bytes", *b).ignore();
             pipe.zadd_nx_member(keys::trajectories(tenant), traj.to_string());
+            // Whether a completion waits for these steps, and the trajectory's group.
+            pipe.cmd("HMGET").arg(&key).arg("pending").arg("group");
         }
         pipe.hincr(keys::usage(tenant), "steps", total_steps);
         pipe.hincr(keys::usage(tenant), "bytes", total_bytes);
-        let (steps_now, bytes_now): (i64, i64) = pipe.query_async(&mut self.conn()).await?;
+        // The transaction's replies: each trajectory's `pending` and `group`, then the totals.
+        let mut waiting: Vec<redis::Value> = pipe.query_async(&mut self.conn()).await?;
+        let totals = waiting.split_off(per_traj.len().min(waiting.len()));
+        let (steps_now, bytes_now): (i64, i64) =
+            redis::from_redis_value(redis::Value::Array(totals))
+                .map_err(redis::RedisError::from)?;
+        for ((traj, _, _), reply) in per_traj.iter().zip(waiting) {
+            let (pending, group): (Option<String>, Option<String>) =
+                redis::from_redis_value(reply).map_err(redis::RedisError::from)?;
+            if pending.is_some() {
+                let group = group
+                    .map(|g| parse_stored("trajectory group", &g))
+                    .transpose()?;
+                self.settle_pending(tenant, traj, group, false).await?;
+            }
+        }
         if let Err(e) = self
             .tenant_usage_over_cap(tenant, steps_now, bytes_now)
             .await
@@ -242,6 +259,33 @@ impl RedisStore {
             warn!(%tenant, error = %e, "the tenant's caps could not be enforced now; the next append tries again");
         }
         Ok(())
+    }
+
+    /// Enqueues `traj`'s pending completion if what it waits for arrived (`overdue`: if its
+    /// header did). Returns [`SETTLE_PENDING`]'s answer.
+    async fn settle_pending(
+        &self,
+        tenant: &TenantId,
+        traj: &TrajectoryId,
+        group: Option<GroupId>,
+        overdue: bool,
+    ) -> Result<i64> {
+        // Without a group the group keys are unused, but a script declares a fixed set of keys;
+        // the trajectory's own tag keeps them on its slot.
+        let gid = group.unwrap_or_else(|| GroupId::from_uuid(*traj.as_uuid()));
+        Ok(SETTLE_PENDING
+            .key(keys::trajectory(tenant, traj))
+            .key(keys::ready(tenant))
+            .key(keys::group(tenant, &gid))
+            .key(keys::group_finished(tenant, &gid))
+            .key(keys::open_groups(tenant))
+            .key(keys::waiting_completions(tenant))
+            .arg(traj.to_string())
+            .arg(group.map(|g| g.to_string()).unwrap_or_default())
+            .arg(self.caps.max_ready_entries)
+            .arg(if overdue { "1" } else { "0" })
+            .invoke_async(&mut self.conn())
+            .await?)
     }
 
     /// Adds `tenant` to the index of tenants, once per process and tenant.
@@ -452,19 +496,7 @@ impl Store for RedisStore {
         }
         pipe.query_async::<()>(&mut self.conn()).await?;
         // A completion that arrived first (another replica's) takes effect now.
-        let gid = t
-            .group
-            .map_or_else(|| GroupId::from_uuid(*t.id.as_uuid()), |g| g.id);
-        let _: i64 = SETTLE_PENDING
-            .key(&key)
-            .key(keys::ready(tenant))
-            .key(keys::group(tenant, &gid))
-            .key(keys::group_finished(tenant, &gid))
-            .key(keys::open_groups(tenant))
-            .arg(t.id.to_string())
-            .arg(t.group.map(|g| g.id.to_string()).unwrap_or_default())
-            .arg(self.caps.max_ready_entries)
-            .invoke_async(&mut self.conn())
+        self.settle_pending(tenant, &t.id, t.group.map(|g| g.id), false)
             .await?;
         self.register_tenant(tenant).await
     }
@@ -532,12 +564,14 @@ impl Store for RedisStore {
             .key(keys::group(tenant, &gid))
             .key(keys::group_finished(tenant, &gid))
             .key(keys::open_groups(tenant))
+            .key(keys::waiting_completions(tenant))
             .arg(traj.to_string())
             .arg(status.as_str())
             .arg(c.at.0)
             .arg(encode("completion reason", &c.reason)?)
             .arg(group.unwrap_or_default())
             .arg(self.caps.max_ready_entries)
+            .arg(c.steps.unwrap_or(0))
             .invoke_async(&mut self.conn())
             .await?;
         Ok(match outcome {
@@ -601,6 +635,46 @@ impl Store for RedisStore {
             }
         }
         Ok(settled)
+    }
+
+    async fn release_overdue(
+        &self,
+        tenant: &TenantId,
+        completed_before: UnixMs,
+    ) -> Result<Vec<TrajectoryId>> {
+        let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(keys::waiting_completions(tenant))
+            .arg("-inf")
+            .arg(format!("({}", completed_before.0))
+            .arg("LIMIT")
+            .arg(0)
+            .arg(OVERDUE_PER_SWEEP)
+            .query_async(&mut self.conn())
+            .await?;
+        let mut released = Vec::new();
+        for id in due {
+            let Ok(traj) = id.parse::<TrajectoryId>() else {
+                warn!(%tenant, id, "a non-UUID member in the waiting-completions index; removing it");
+                let _: i64 = redis::cmd("ZREM")
+                    .arg(keys::waiting_completions(tenant))
+                    .arg(&id)
+                    .query_async(&mut self.conn())
+                    .await?;
+                continue;
+            };
+            let group: Option<String> = redis::cmd("HGET")
+                .arg(keys::trajectory(tenant, &traj))
+                .arg("group")
+                .query_async(&mut self.conn())
+                .await?;
+            let group = group
+                .map(|g| parse_stored("trajectory group", &g))
+                .transpose()?;
+            if self.settle_pending(tenant, &traj, group, true).await? != 0 {
+                released.push(traj);
+            }
+        }
+        Ok(released)
     }
 
     async fn read_ready(

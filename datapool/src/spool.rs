@@ -11,9 +11,9 @@
 //! Delivery into Redis is at-least-once: a write whose reply was lost when Redis died may have
 //! landed and is replayed again; steps carry UUIDv7 ids for consumers to dedupe.
 //! Reads and the trainer's calls (ready queue, acks, policy) are not spooled: they go to Redis
-//! and fail while it is away; so does [`Store::expire_groups`], a sweep that simply runs again,
-//! and so do the [`Sessions`] operations: session state is shared or it is nothing, and the
-//! recorder decides what a call does while it cannot be reached.
+//! and fail while it is away; so do [`Store::expire_groups`] and [`Store::release_overdue`],
+//! sweeps that simply run again, and so do the [`Sessions`] operations: session state is shared
+//! or it is nothing, and the recorder decides what a call does while it cannot be reached.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -349,6 +349,17 @@ impl Store for SpooledStore {
         self.shared
             .redis
             .expire_groups(tenant, created_before)
+            .await
+    }
+
+    async fn release_overdue(
+        &self,
+        tenant: &TenantId,
+        completed_before: UnixMs,
+    ) -> Result<Vec<TrajectoryId>> {
+        self.shared
+            .redis
+            .release_overdue(tenant, completed_before)
             .await
     }
 

@@ -50,11 +50,22 @@ pub trait Store: Send + Sync {
     async fn append_evaluations(&self, evaluations: &[Evaluation]) -> Result<()>;
 
     /// Finishes an open trajectory as `Completed` or `Abandoned` and enqueues what became ready.
-    /// Finishing one that is already finished changes nothing. A trajectory whose header is not
-    /// written yet — another sidecar replica opened it and its write is still on its way — is
-    /// finished as soon as the header arrives ([`Completed::deferred`]): replicas' writes may
-    /// land in any order.
+    /// Finishing one that is already finished changes nothing. Replicas' writes land in any
+    /// order, so a completion may arrive before what it completes: one whose trajectory's header
+    /// is not written yet, or that holds fewer steps than [`Complete::steps`] (another replica's
+    /// last step still on its way), is finished now but enqueued once the header and the steps
+    /// arrived ([`Completed::deferred`]) — or by [`Store::release_overdue`].
     async fn complete_trajectory(&self, request: &Complete) -> Result<Completed>;
+
+    /// Enqueues the completions of `tenant` finished before `completed_before` that still wait
+    /// for steps (their replica died before it wrote them, or the store refused them for good):
+    /// the trajectory is trained with the steps it has. One whose header never arrived stays
+    /// waiting for it. Returns the trajectories released.
+    async fn release_overdue(
+        &self,
+        tenant: &TenantId,
+        completed_before: UnixMs,
+    ) -> Result<Vec<TrajectoryId>>;
 
     /// Enqueues every open group of `tenant` created before `created_before` as `Partial`: an
     /// abandoned rollout never blocks its group forever. Returns the groups it settled.
@@ -122,6 +133,10 @@ pub trait Store: Send + Sync {
     async fn set_policy_version(&self, policy: &PolicyVersion) -> Result<()>;
 }
 
+/// Most waiting completions one [`Store::release_overdue`] looks at; the next sweep takes the
+/// rest.
+pub(crate) const OVERDUE_PER_SWEEP: usize = 256;
+
 /// A request to finish a trajectory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Complete {
@@ -131,6 +146,11 @@ pub struct Complete {
     pub status: TrajectoryStatus,
     pub reason: CompletionReason,
     pub at: UnixMs,
+    /// How many steps the trajectory holds once every call it served is written, when the
+    /// finisher knows (the session state numbers them); it is enqueued when they are all in.
+    /// `None`: when it is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u32>,
 }
 
 impl Complete {
@@ -142,6 +162,15 @@ impl Complete {
             status: TrajectoryStatus::Completed,
             reason,
             at: UnixMs::now(),
+            steps: None,
+        }
+    }
+
+    /// This completion, enqueued once the trajectory holds `steps` steps.
+    pub fn after_steps(self, steps: u32) -> Self {
+        Complete {
+            steps: Some(steps),
+            ..self
         }
     }
 

@@ -282,6 +282,12 @@ async fn a_step_appended_twice_reads_back_once() {
 }
 
 #[tokio::test]
+async fn a_completion_before_its_last_steps_waits_for_them() {
+    let (s, _dir) = store();
+    scenarios::a_completion_before_its_last_steps_waits_for_them(&s, &fresh_tenant("short")).await;
+}
+
+#[tokio::test]
 async fn a_completion_before_its_header_takes_effect_with_the_header() {
     let (s, _dir) = store();
     scenarios::a_completion_before_its_header_takes_effect_with_the_header(

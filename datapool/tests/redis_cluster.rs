@@ -58,6 +58,8 @@ async fn the_store_works_on_a_three_master_cluster() {
         &fresh_tenant("c-early"),
     )
     .await;
+    scenarios::a_completion_before_its_last_steps_waits_for_them(&store, &fresh_tenant("c-short"))
+        .await;
     // Shared session state: its scripts find keys of the trajectory they look up, all on the
     // tenant's slot.
     let s: &dyn clawback_datapool::Sessions = &store;

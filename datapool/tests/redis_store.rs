@@ -232,6 +232,12 @@ async fn a_step_appended_twice_reads_back_once() {
 }
 
 #[tokio::test]
+async fn a_completion_before_its_last_steps_waits_for_them() {
+    let (t, _keys) = tenant("short");
+    scenarios::a_completion_before_its_last_steps_waits_for_them(&store().await, &t).await;
+}
+
+#[tokio::test]
 async fn a_completion_before_its_header_takes_effect_with_the_header() {
     let (t, _keys) = tenant("early-complete");
     scenarios::a_completion_before_its_header_takes_effect_with_the_header(&store().await, &t)

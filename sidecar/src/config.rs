@@ -168,7 +168,9 @@ pub struct Recording {
     pub stale_call: Duration,
     /// A trajectory's completion not written this long after it finished is taken for one whose
     /// replica died first: the next sweep of any replica writes it (with its trajectory plugins
-    /// run again). Longer than the trajectory plugins take.
+    /// run again). Likewise a completion that waited this long for steps another replica
+    /// numbered but never wrote is enqueued with the steps it has. Longer than the trajectory
+    /// plugins take.
     #[serde(with = "humantime_serde")]
     pub completion_lease: Duration,
     /// How long a call waits for the shared session state (Redis) before it goes on with this

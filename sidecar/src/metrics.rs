@@ -152,6 +152,7 @@ pub struct Metrics {
     pub records_spilled: Counter,
     pub records_replayed: Counter,
     pub completions_taken_over: Counter,
+    pub completions_short: Counter,
     pub recorder_queue: Gauge,
     pub journal_append: Histogram,
     pub end_of_response_wait: Histogram,
@@ -280,6 +281,12 @@ impl Metrics {
             "Completions this replica wrote for trajectories another process had finished and died before writing (recording.completion_lease)",
             completions_taken_over.clone(),
         );
+        let completions_short = Counter::default();
+        registry.register(
+            "completions_short",
+            "Completions enqueued before every step they counted arrived: those steps' replica died before writing them (after recording.completion_lease)",
+            completions_short.clone(),
+        );
         let records_replayed = Counter::default();
         registry.register(
             "records_replayed",
@@ -394,6 +401,7 @@ impl Metrics {
             records_spilled,
             records_replayed,
             completions_taken_over,
+            completions_short,
             journal_append,
             end_of_response_wait,
             session_state,

@@ -105,6 +105,7 @@ pub async fn a_recorded_trajectory_reads_back_as_written(store: &dyn Store, tena
             status: TrajectoryStatus::Completed,
             reason: CompletionReason::Handshake,
             at: expected.trajectory.completed_at.unwrap_or_default(),
+            steps: None,
         })
         .await
         .unwrap_or_else(|e| panic!("complete: {e}"));
@@ -679,6 +680,123 @@ pub async fn a_completion_before_its_header_takes_effect_with_the_header(
         .upsert_trajectory(&members[1])
         .await
         .unwrap_or_else(|e| panic!("upsert: {e}"));
+    let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
+    assert_eq!(ready[0].item, ReadyItem::Group(group));
+}
+
+/// In a pool a completion may land before another replica's last steps: it is enqueued once the
+/// steps it counted are in, so the trainer never gets the trajectory short of them — or, when
+/// they never come (their replica died first), by the overdue sweep with the steps there are.
+pub async fn a_completion_before_its_last_steps_waits_for_them(
+    store: &dyn Store,
+    tenant: &TenantId,
+) {
+    let reader = consumer("r", Duration::from_secs(60), 5);
+    let append = |t: TrajectoryId, index: u32| async move {
+        store
+            .append_steps(&[step_of(tenant, &t, index, 64)])
+            .await
+            .unwrap_or_else(|e| panic!("append: {e}"));
+    };
+    let complete_after = |t: TrajectoryId, steps: u32| async move {
+        store
+            .complete_trajectory(
+                &Complete::now(tenant.clone(), t, CompletionReason::Handshake).after_steps(steps),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("complete: {e}"))
+    };
+    let release = |before: UnixMs| async move {
+        store
+            .release_overdue(tenant, before)
+            .await
+            .unwrap_or_else(|e| panic!("release_overdue: {e}"))
+    };
+    let nothing_ready = || async {
+        let ready = store
+            .read_ready(tenant, &reader, 10)
+            .await
+            .unwrap_or_else(|e| panic!("read_ready: {e}"));
+        assert!(ready.is_empty(), "enqueued short of its steps: {ready:?}");
+    };
+    let later = UnixMs(UnixMs::now().0 + 3_600_000);
+
+    // Three steps counted, one written: it waits; a second completion changes nothing.
+    let t = open_trajectory(tenant);
+    store
+        .upsert_trajectory(&t)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    append(t.id, 0).await;
+    let done = complete_after(t.id, 3).await;
+    assert!(
+        done.newly_finished && done.deferred && done.enqueued.is_none(),
+        "{done:?}"
+    );
+    assert!(!complete(store, tenant, t.id).await.newly_finished);
+    append(t.id, 1).await;
+    nothing_ready().await;
+    // Not overdue yet: the sweep leaves it.
+    assert!(release(UnixMs(1)).await.is_empty());
+    append(t.id, 2).await;
+    let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
+    assert_eq!(ready[0].item, ReadyItem::Trajectory(t.id));
+    let record = store
+        .trajectory(tenant, &t.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("present"));
+    assert_eq!(record.steps.len(), 3);
+    assert_eq!(record.trajectory.status, TrajectoryStatus::Completed);
+
+    // Its last step never comes: the overdue sweep enqueues it with what it has, once.
+    let lost = open_trajectory(tenant);
+    store
+        .upsert_trajectory(&lost)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    append(lost.id, 0).await;
+    assert!(complete_after(lost.id, 2).await.deferred);
+    nothing_ready().await;
+    assert_eq!(release(later).await, vec![lost.id]);
+    assert!(release(later).await.is_empty());
+    let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
+    assert_eq!(ready[0].item, ReadyItem::Trajectory(lost.id));
+
+    // Neither header nor step written yet: the sweep cannot release what has no header; the
+    // header alone is not enough; the step makes it ready.
+    let late = open_trajectory(tenant);
+    assert!(complete_after(late.id, 1).await.deferred);
+    assert!(release(later).await.is_empty());
+    store
+        .upsert_trajectory(&late)
+        .await
+        .unwrap_or_else(|e| panic!("upsert: {e}"));
+    nothing_ready().await;
+    append(late.id, 0).await;
+    let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
+    assert_eq!(ready[0].item, ReadyItem::Trajectory(late.id));
+
+    // A group's last member counts as finished only with its steps.
+    let group = GroupId::new();
+    let members: Vec<_> = (0..2)
+        .map(|_| {
+            let mut t = open_trajectory(tenant);
+            t.group = Some(clawback_datapool::GroupMembership { id: group, size: 2 });
+            t
+        })
+        .collect();
+    for m in &members {
+        store
+            .upsert_trajectory(m)
+            .await
+            .unwrap_or_else(|e| panic!("upsert: {e}"));
+        append(m.id, 0).await;
+    }
+    complete_after(members[0].id, 1).await;
+    assert!(complete_after(members[1].id, 2).await.deferred);
+    nothing_ready().await;
+    append(members[1].id, 1).await;
     let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
     assert_eq!(ready[0].item, ReadyItem::Group(group));
 }

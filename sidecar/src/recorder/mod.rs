@@ -701,7 +701,10 @@ impl Recorder {
             })
             .inc();
         let op = WriteOp::CompleteTrajectory {
-            request: Complete::now(tenant.clone(), finishing.trajectory, finishing.reason),
+            // Enqueued once every step it numbered is in the store: another replica's last
+            // step may land after this completion.
+            request: Complete::now(tenant.clone(), finishing.trajectory, finishing.reason)
+                .after_steps(finishing.steps),
         };
         match self.filters.get() {
             Some(filters) => {
@@ -793,8 +796,9 @@ impl Recorder {
         tenants
     }
 
-    /// Completes trajectories idle past the timeout (whichever replica sweeps first), and
-    /// releases groups past theirs.
+    /// Completes trajectories idle past the timeout (whichever replica sweeps first), releases
+    /// groups past theirs, and completions that waited `completion_lease` for steps that never
+    /// came.
     pub async fn sweep(&self) {
         if let Some(filters) = self.filters.get() {
             filters.forget_idle(self.config.idle_timeout);
@@ -805,6 +809,7 @@ impl Recorder {
         }
         let tenants = self.tenants().await;
         let cutoff = UnixMs::now().saturating_sub(self.config.group_timeout);
+        let overdue_cutoff = UnixMs::now().saturating_sub(self.config.completion_lease);
         for tenant in tenants {
             let mut finished = self.sessions.finish_idle(&tenant, SWEEP_LIMIT).await;
             let overdue = self
@@ -831,6 +836,17 @@ impl Recorder {
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(tenant = %tenant.as_str(), error = %e, "could not expire groups")
+                }
+            }
+            match self.store.release_overdue(&tenant, overdue_cutoff).await {
+                Ok(released) if !released.is_empty() => {
+                    self.metrics.completions_short.inc_by(released.len() as u64);
+                    tracing::warn!(tenant = %tenant.as_str(), trajectories = released.len(),
+                        "completions whose steps never all arrived (their replica died first): enqueued with the steps they have");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(tenant = %tenant.as_str(), error = %e, "could not release overdue completions")
                 }
             }
         }
