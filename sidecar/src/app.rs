@@ -319,10 +319,9 @@ where
     if !app.config.claw_r1.enabled {
         return crate::claw_r1::ClawR1Error::Disabled.into_response();
     }
-    let tenant = match app.tenants.resolve(request.headers()) {
+    let tenant = match caller_tenant(&app, request.headers()).await {
         Ok(tenant) => tenant,
-        Err(Unresolved::UnknownKey) => return ProxyError::UnknownApiKey.into_response(),
-        Err(Unresolved::BadHeader) => return ProxyError::BadTenantHeader.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
     if let crate::claw_r1::Route::Api {
         uid,
@@ -361,13 +360,7 @@ where
     let (mut parts, body) = request.into_parts();
     let (tenant, session) = match session_key(&app, &mut parts.headers).await? {
         Some(key) => (key.tenant, SessionId::parse(&key.trajectory.to_string())),
-        None => {
-            let tenant = app.tenants.resolve(&parts.headers).map_err(|e| match e {
-                Unresolved::UnknownKey => ProxyError::UnknownApiKey,
-                Unresolved::BadHeader => ProxyError::BadTenantHeader,
-            })?;
-            (tenant, session)
-        }
+        None => (resolve_tenant(&app, &parts.headers)?, session),
     };
     let limit = app.config.limits.max_body_bytes;
     let body = read_body(limit, app.config.timeouts.body_read, &parts.headers, body).await?;
@@ -438,6 +431,34 @@ where
         .await
 }
 
+/// The tenant of a call's API key (or the default tenant, or the trusted header's).
+fn resolve_tenant(app: &App, headers: &http::HeaderMap) -> Result<TenantId, ProxyError> {
+    app.tenants.resolve(headers).map_err(|e| match e {
+        Unresolved::UnknownKey => ProxyError::UnknownApiKey,
+        Unresolved::BadHeader => ProxyError::BadTenantHeader,
+    })
+}
+
+/// The tenant a call acts for, its headers left as they are: its session key's (a key nobody
+/// minted is refused, never taken for the default tenant), else [`resolve_tenant`]'s.
+async fn caller_tenant(app: &App, headers: &http::HeaderMap) -> Result<TenantId, ProxyError> {
+    match crate::tenant::presented_key(headers)
+        .filter(|key| key.starts_with(crate::session::keys::PREFIX))
+    {
+        Some(key) => minted(app, key).await.map(|session| session.tenant),
+        None => resolve_tenant(app, headers),
+    }
+}
+
+/// The session `key` was minted for; [`ProxyError::UnknownApiKey`] when it stands for nothing.
+async fn minted(app: &App, key: &str) -> Result<clawback_datapool::KeyedSession, ProxyError> {
+    let session = match &app.recorder {
+        Some(recorder) => recorder.session_key(key).await,
+        None => None,
+    };
+    session.ok_or(ProxyError::UnknownApiKey)
+}
+
 /// The session a call's key was minted for, if it presents one; the key is taken out of the
 /// headers then, so the engine never sees it. A session key wins over every other session hint,
 /// and one that stands for nothing (never minted, or forgotten) is refused: it is never taken
@@ -446,17 +467,13 @@ async fn session_key(
     app: &App,
     headers: &mut http::HeaderMap,
 ) -> Result<Option<clawback_datapool::KeyedSession>, ProxyError> {
-    let Some(key) = crate::tenant::presented_key(headers) else {
+    let presented = crate::tenant::presented_key(headers);
+    let Some(key) = presented.filter(|key| key.starts_with(crate::session::keys::PREFIX)) else {
+        // A tenant's key (or none) decides the call; a session key beside it goes nowhere.
+        crate::session::keys::strip(headers);
         return Ok(None);
     };
-    if !key.starts_with(crate::session::keys::PREFIX) {
-        return Ok(None);
-    }
-    let session = match &app.recorder {
-        Some(recorder) => recorder.session_key(key).await,
-        None => None,
-    };
-    let session = session.ok_or(ProxyError::UnknownApiKey)?;
+    let session = minted(app, key).await?;
     headers.remove(header::AUTHORIZATION);
     for name in crate::tenant::API_KEY_HEADERS {
         headers.remove(name);

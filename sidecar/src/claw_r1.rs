@@ -335,11 +335,7 @@ async fn complete(
         return Err(ClawR1Error::Unknown(uid.as_str().to_owned()));
     };
     if let Some(reward) = body.reward {
-        if !reward.is_finite() {
-            return Err(ClawR1Error::BadBody(format!(
-                "reward {reward} is not a number"
-            )));
-        }
+        crate::handshake::checked_reward(reward).map_err(ClawR1Error::BadBody)?;
     }
     app.claw_r1.forget(uid.as_str());
     // A trajectory that never made a call has nothing to train on: forgetting its uid is all.

@@ -369,6 +369,23 @@ async fn get(
     Ok(json_response(StatusCode::OK, &value))
 }
 
+/// The range a reward sent to the sidecar (the handshake API, Claw-R1's completion) must be in:
+/// a thumb up is 1, down -1, a task's success 1 or 0. Plugins' rewards are the plugins' own.
+pub(crate) const REWARD_RANGE: std::ops::RangeInclusive<f64> = -1.0..=1.0;
+
+/// `reward`, if it is within [`REWARD_RANGE`]; else what is wrong with it.
+pub(crate) fn checked_reward(reward: f64) -> Result<f64, String> {
+    if REWARD_RANGE.contains(&reward) {
+        Ok(reward)
+    } else {
+        Err(format!(
+            "reward {reward} is not within [{}, {}]",
+            REWARD_RANGE.start(),
+            REWARD_RANGE.end()
+        ))
+    }
+}
+
 pub(crate) fn feedback_evaluation(
     tenant: &TenantId,
     trajectory: TrajectoryId,
@@ -402,6 +419,9 @@ async fn complete(
     let recorder = app.recorder.as_ref().ok_or(HandshakeError::RecordingOff)?;
     let id = trajectory_id(raw)?;
     let tenant = tenant_for(app, scope, &id, body.tenant).await?;
+    if let Some(reward) = body.reward {
+        checked_reward(reward).map_err(HandshakeError::BadBody)?;
+    }
     let live = recorder.is_live(&tenant, &id).await?;
     if !live && stored(app, &tenant, &id).await?.is_none() {
         return Err(HandshakeError::NotFound(raw.to_owned()));
@@ -455,10 +475,8 @@ async fn feedback(
             "give at least one of reward, hint, label".to_owned(),
         ));
     }
-    if body.reward.is_some_and(|r| !(-1.0..=1.0).contains(&r)) {
-        return Err(HandshakeError::BadBody(
-            "reward must be within [-1, 1]".to_owned(),
-        ));
+    if let Some(reward) = body.reward {
+        checked_reward(reward).map_err(HandshakeError::BadBody)?;
     }
     let step = match body.step {
         None => None,

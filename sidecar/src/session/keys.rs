@@ -29,6 +29,26 @@ pub fn digest(key: &str) -> Option<[u8; 32]> {
         .then(|| Sha256::digest(key.as_bytes()).into())
 }
 
+/// Takes out every API key header that carries a session key: one an agent sends beside its
+/// tenant's key (which then decides the call) is never forwarded either.
+pub fn strip(headers: &mut http::HeaderMap) {
+    let carries = |value: &http::HeaderValue| {
+        value.to_str().is_ok_and(|v| {
+            let v = v.trim();
+            // `Bearer <key>` or the bare key.
+            let key = v.split_once(' ').map_or(v, |(_, key)| key.trim());
+            key.starts_with(PREFIX)
+        })
+    };
+    let names =
+        std::iter::once(http::header::AUTHORIZATION.as_str()).chain(crate::tenant::API_KEY_HEADERS);
+    for name in names {
+        if headers.get_all(name).iter().any(carries) {
+            headers.remove(name);
+        }
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::new(), |mut out, b| {

@@ -215,13 +215,44 @@ async fn unknown_or_foreign_uids_engine_routes_and_a_disabled_protocol_are_refus
     // A reward that is not a number is refused; the owner's own calls go through.
     let (status, _) = post(format!("/{uid}/7/v1/chat/completions"), KEY_A, chat.clone()).await;
     assert_eq!(status, 200);
-    let (status, _) = post(
-        format!("/{uid}/7/v1/complete_trajectory"),
-        KEY_A,
-        json!({"reward": "high"}),
-    )
-    .await;
-    assert_eq!(status, 400);
+    for reward in [
+        json!("high"),
+        json!(5.0),
+        json!(1e308),
+        json!(-1e308),
+        json!(-1.5),
+    ] {
+        let (status, body) = post(
+            format!("/{uid}/7/v1/complete_trajectory"),
+            KEY_A,
+            json!({ "reward": reward }),
+        )
+        .await;
+        assert_eq!(status, 400, "reward {reward}: {body}");
+    }
+
+    // A session key nobody minted is refused on every route, never taken for the default
+    // tenant's key.
+    let mut with_default = config(&engine, true);
+    with_default.tenants.default = Some("math".to_owned());
+    let open = Sidecar::start(with_default).await;
+    let unminted = format!("cbsk-{}", "0".repeat(64));
+    for path in [
+        "/init_trajectory".to_owned(),
+        format!("/{uid}/1/v1/register_trajectory"),
+        format!("/{uid}/1/v1/complete_trajectory"),
+        format!("/{uid}/1/v1/chat/completions"),
+    ] {
+        let response = client()
+            .post(open.url(&path))
+            .bearer_auth(&unminted)
+            .json(&chat)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401, "{path}");
+    }
+    assert_eq!(engine.request_count(), before + 1);
 
     // Off (the default): the routes do not exist.
     let off_engine = MockUpstream::start().await;

@@ -681,6 +681,20 @@ async fn a_session_key_from_the_handshake_puts_every_call_in_its_trajectory_and_
         .unwrap();
     assert_eq!(answer.status(), 200);
     answer.bytes().await.unwrap();
+    // Beside the tenant's own key, which decides the call (a trajectory of its own): the
+    // session key is not forwarded either.
+    let answer = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .bearer_auth("sk-acme")
+        .header("x-api-key", &key)
+        .header("api-key", &key)
+        .json(&json!({"model": "mock-llama",
+                      "messages": [{"role": "user", "content": "question 3"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.bytes().await.unwrap();
 
     let store = store(&sidecar);
     let tenant = TenantId::new("acme").unwrap();
