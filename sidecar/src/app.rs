@@ -77,6 +77,8 @@ pub struct App {
     pub router: Option<Router>,
     /// The uids Claw-R1's `init_trajectory` minted here ([`crate::claw_r1`]).
     pub claw_r1: crate::claw_r1::Registry,
+    /// Each tenant's share of `limits.max_concurrent_requests` ([`crate::share`]).
+    pub calls: Arc<crate::share::Shares>,
     /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
     pub filters: Option<Arc<clawback_filters::Filters>>,
     /// Forwarding and relay tasks; shutdown waits for them.
@@ -154,6 +156,17 @@ impl App {
             }
             None => None,
         };
+        // A sidecar that serves one tenant gives it the whole of every bound.
+        let fraction = match tenants.is_shared() {
+            true => config.limits.tenant_share,
+            false => 1.0,
+        };
+        let calls = crate::share::Shares::new(crate::share::of(
+            config.limits.max_concurrent_requests,
+            fraction,
+        ));
+        let claw_r1 =
+            crate::claw_r1::Registry::new(crate::share::of(crate::claw_r1::MAX_OPEN, fraction));
         Ok(Arc::new(Self {
             config,
             pool,
@@ -164,7 +177,8 @@ impl App {
             admin,
             recorder,
             router,
-            claw_r1: crate::claw_r1::Registry::default(),
+            claw_r1,
+            calls,
             filters,
             tasks,
             background,
@@ -362,6 +376,45 @@ where
         Some(key) => (key.tenant, SessionId::parse(&key.trajectory.to_string())),
         None => (resolve_tenant(&app, &parts.headers)?, session),
     };
+    // The tenant's share of the calls in flight, taken before its body is read: a tenant's slow
+    // uploads hold its own share only. Held, like the whole's permit, by the forwarding task
+    // until the upstream call ends and by the answer until the client has it.
+    let share = app
+        .calls
+        .try_take(&tenant)
+        .ok_or(ProxyError::TenantOverloaded {
+            share: app.calls.limit(),
+            retry_after_secs: app.config.limits.retry_after_secs,
+        })?;
+    let share = HeldShare {
+        _share: Arc::new(share),
+    };
+    parts.extensions.insert(share.clone());
+    let mut response = serve(app, parts, body, tenant, session, endpoint, upstream_path).await?;
+    response.body_mut().attach(share);
+    Ok(response)
+}
+
+/// A call's unit of its tenant's share, in the request's extensions and on its answer.
+#[derive(Clone)]
+struct HeldShare {
+    _share: Arc<crate::share::Share>,
+}
+
+/// Reads, checks, routes and forwards one call of `tenant`.
+async fn serve<B>(
+    app: Arc<App>,
+    parts: http::request::Parts,
+    body: B,
+    tenant: TenantId,
+    session: Option<SessionId>,
+    endpoint: Endpoint,
+    upstream_path: String,
+) -> Result<Response<ProxyBody>, ProxyError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let limit = app.config.limits.max_body_bytes;
     let body = read_body(limit, app.config.timeouts.body_read, &parts.headers, body).await?;
     // What the engine gets is what the sidecar read: a body it cannot read is refused here.
@@ -451,12 +504,19 @@ async fn caller_tenant(app: &App, headers: &http::HeaderMap) -> Result<TenantId,
 }
 
 /// The session `key` was minted for; [`ProxyError::UnknownApiKey`] when it stands for nothing.
+/// A key lives as long as its trajectory: once that completed (the agent's done signal, the
+/// admin API's `complete` — how a key is revoked — or the idle sweep) it is refused.
 async fn minted(app: &App, key: &str) -> Result<clawback_datapool::KeyedSession, ProxyError> {
-    let session = match &app.recorder {
-        Some(recorder) => recorder.session_key(key).await,
-        None => None,
-    };
-    session.ok_or(ProxyError::UnknownApiKey)
+    let recorder = app.recorder.as_ref().ok_or(ProxyError::UnknownApiKey)?;
+    let session = recorder
+        .session_key(key)
+        .await
+        .ok_or(ProxyError::UnknownApiKey)?;
+    match recorder.is_live(&session.tenant, &session.trajectory).await {
+        Ok(true) => Ok(session),
+        // Not known live (or not known now): not authorized.
+        Ok(false) | Err(_) => Err(ProxyError::SessionKeyEnded),
+    }
 }
 
 /// The session a call's key was minted for, if it presents one; the key is taken out of the

@@ -36,7 +36,7 @@ use crate::route::{Endpoint, SessionId};
 
 /// Trajectories minted and not completed that one sidecar remembers; past it the oldest idle
 /// ones (untouched for `recording.idle_timeout`) are forgotten, else init is refused.
-const MAX_OPEN: usize = 100_000;
+pub const MAX_OPEN: usize = 100_000;
 
 /// A Claw-R1 route, decided from the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,27 +109,68 @@ struct Open {
     touched: Instant,
 }
 
-/// The uids this sidecar minted, each bound to its tenant (and, once opened, its trajectory).
-#[derive(Debug, Default)]
+/// The uids this sidecar minted, each bound to its tenant (and, once opened, its trajectory):
+/// at most [`MAX_OPEN`] in all, and a tenant's share of them per tenant.
+#[derive(Debug)]
 pub struct Registry {
-    open: Mutex<HashMap<String, Open>>,
+    state: Mutex<Minted>,
+}
+
+#[derive(Debug)]
+struct Minted {
+    open: HashMap<String, Open>,
+    per_tenant: crate::share::Counts,
+}
+
+impl Minted {
+    /// Forgets the uids idle past `idle`.
+    fn forget_idle(&mut self, idle: Duration) {
+        let per_tenant = &mut self.per_tenant;
+        self.open.retain(|_, o| {
+            let keep = o.touched.elapsed() < idle;
+            if !keep {
+                per_tenant.give_back(&o.tenant);
+            }
+            keep
+        });
+    }
+
+    fn remove(&mut self, uid: &str) {
+        if let Some(o) = self.open.remove(uid) {
+            self.per_tenant.give_back(&o.tenant);
+        }
+    }
 }
 
 impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Open>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    /// A registry whose tenants may each hold `per_tenant` of the [`MAX_OPEN`] uids.
+    pub fn new(per_tenant: usize) -> Self {
+        Self {
+            state: Mutex::new(Minted {
+                open: HashMap::new(),
+                per_tenant: crate::share::Counts::new(per_tenant),
+            }),
+        }
     }
 
-    fn mint(&self, tenant: TenantId, idle: Duration) -> Option<String> {
-        let mut open = self.lock();
-        if open.len() >= MAX_OPEN {
-            open.retain(|_, o| o.touched.elapsed() < idle);
-            if open.len() >= MAX_OPEN {
-                return None;
-            }
+    fn lock(&self) -> std::sync::MutexGuard<'_, Minted> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mint(&self, tenant: TenantId, idle: Duration) -> Result<String, ClawR1Error> {
+        let mut state = self.lock();
+        let at_share = state.per_tenant.held(&tenant) >= state.per_tenant.limit();
+        if state.open.len() >= MAX_OPEN || at_share {
+            state.forget_idle(idle);
+        }
+        if state.open.len() >= MAX_OPEN {
+            return Err(ClawR1Error::Full);
+        }
+        if !state.per_tenant.take(&tenant) {
+            return Err(ClawR1Error::TenantFull(state.per_tenant.limit()));
         }
         let uid = TrajectoryId::new().to_string();
-        open.insert(
+        state.open.insert(
             uid.clone(),
             Open {
                 tenant,
@@ -137,20 +178,20 @@ impl Registry {
                 touched: Instant::now(),
             },
         );
-        Some(uid)
+        Ok(uid)
     }
 
     /// The trajectory of `uid` for `tenant` (`Some(None)`: minted, not opened yet); `None` when
     /// the uid is unknown or another tenant's.
     fn find(&self, uid: &str, tenant: &TenantId) -> Option<Option<TrajectoryId>> {
-        let mut open = self.lock();
-        let entry = open.get_mut(uid).filter(|o| o.tenant == *tenant)?;
+        let mut state = self.lock();
+        let entry = state.open.get_mut(uid).filter(|o| o.tenant == *tenant)?;
         entry.touched = Instant::now();
         Some(entry.trajectory)
     }
 
     fn opened(&self, uid: &str, trajectory: TrajectoryId) {
-        if let Some(entry) = self.lock().get_mut(uid) {
+        if let Some(entry) = self.lock().open.get_mut(uid) {
             entry.trajectory = Some(trajectory);
         }
     }
@@ -172,6 +213,8 @@ pub enum ClawR1Error {
     BadBody(String),
     #[error("too many open trajectories ({MAX_OPEN}): complete some first")]
     Full,
+    #[error("this tenant holds its share of open trajectories ({0}): complete some first")]
+    TenantFull(usize),
     #[error(transparent)]
     Sessions(#[from] crate::session::shared::Unreachable),
 }
@@ -184,6 +227,10 @@ impl ClawR1Error {
             Self::Unknown(_) => (StatusCode::NOT_FOUND, "trajectory_not_found"),
             Self::BadBody(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
             Self::Full => (StatusCode::SERVICE_UNAVAILABLE, "too_many_trajectories"),
+            Self::TenantFull(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "tenant_too_many_trajectories",
+            ),
             Self::Sessions(_) => (StatusCode::SERVICE_UNAVAILABLE, "session_state_unreachable"),
         };
         let kind = if status.is_server_error() {
@@ -288,8 +335,7 @@ fn init(
     }
     let uid = app
         .claw_r1
-        .mint(tenant, app.config.recording.idle_timeout)
-        .ok_or(ClawR1Error::Full)?;
+        .mint(tenant, app.config.recording.idle_timeout)?;
     let root = crate::handshake::public_root(app, parts);
     ok(&json!({"trajectory_uid": uid, "base_url": format!("{root}/{uid}/1/v1")}))
 }
@@ -366,6 +412,28 @@ async fn complete(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenant_at_its_share_of_uids_leaves_the_rest_to_others() {
+        let registry = Registry::new(2);
+        let idle = Duration::from_secs(600);
+        let (alpha, bravo) = (
+            TenantId::new("alpha").unwrap(),
+            TenantId::new("bravo").unwrap(),
+        );
+        let first = registry.mint(alpha.clone(), idle).unwrap();
+        registry.mint(alpha.clone(), idle).unwrap();
+        assert!(matches!(
+            registry.mint(alpha.clone(), idle),
+            Err(ClawR1Error::TenantFull(2))
+        ));
+        registry.mint(bravo.clone(), idle).unwrap();
+        // A uid completed gives its room back.
+        registry.forget(&first);
+        registry.mint(alpha.clone(), idle).unwrap();
+        // Idle ones too, when the tenant needs the room.
+        assert!(registry.mint(alpha.clone(), Duration::ZERO).is_ok());
+    }
 
     fn classify(method: Method, path: &str) -> Option<Route> {
         Route::classify(&method, path, None)

@@ -271,6 +271,10 @@ pub struct Limits {
     pub max_orphaned_calls: usize,
     /// Seconds sent in `Retry-After` when shedding load.
     pub retry_after_secs: u32,
+    /// The most of each bound every tenant draws on (`max_concurrent_requests`, Claw-R1's open
+    /// trajectories) one tenant may hold, as a fraction: past it the tenant gets 429 while the
+    /// others are served. 1 turns fair shares off; a sidecar with one tenant gives it the whole.
+    pub tenant_share: f64,
 }
 
 /// Session affinity: the calls of one session go to the same upstream while it is healthy and
@@ -334,6 +338,7 @@ impl Default for Config {
                 max_orphaned_calls: 256,
                 max_connections: 16_384,
                 retry_after_secs: 1,
+                tenant_share: 0.5,
             },
             health: Health {
                 eject_after_5xx: 3,
@@ -503,6 +508,12 @@ impl Config {
                 ));
             }
         }
+        if !(self.limits.tenant_share > 0.0 && self.limits.tenant_share <= 1.0) {
+            return Err(ConfigError::Semantic(format!(
+                "`limits.tenant_share` must be in (0, 1], not {}",
+                self.limits.tenant_share
+            )));
+        }
         if self.limits.max_concurrent_requests == 0 {
             return Err(ConfigError::Semantic(
                 "`limits.max_concurrent_requests` must be at least 1".to_owned(),
@@ -644,6 +655,10 @@ mod tests {
         }
         match value {
             Value::Bool(tag, b) => Value::Bool(*tag, !b),
+            // A fraction stays one.
+            Value::Num(tag, Num::F64(f)) if key == "limits.tenant_share" => {
+                Value::Num(*tag, Num::F64(f / 2.0))
+            }
             Value::Num(tag, Num::F64(f)) => Value::Num(*tag, Num::F64(f + 1.0)),
             Value::Num(tag, n) => Value::Num(*tag, Num::from(n.to_u128().unwrap_or(0) as u64 + 1)),
             Value::String(_, s) => match humantime::parse_duration(s) {

@@ -27,6 +27,10 @@ pub enum ProxyError {
     ModelNotAvailable { model: String },
     #[error("the sidecar is serving its limit of {limit} concurrent requests; retry shortly")]
     Overloaded { limit: usize, retry_after_secs: u32 },
+    #[error("this session key's trajectory has completed: the key no longer works")]
+    SessionKeyEnded,
+    #[error("this tenant is serving its share of {share} concurrent requests; retry shortly")]
+    TenantOverloaded { share: usize, retry_after_secs: u32 },
     #[error("no healthy upstream: all {count} are ejected after failures")]
     NoHealthyUpstream { count: usize },
     #[error("could not connect to any upstream (tried {tried})")]
@@ -75,13 +79,14 @@ impl ProxyError {
             | Self::BadSessionHint(_)
             | Self::BadMessagesRequest(_)
             | Self::UnreadableBody(_) => StatusCode::BAD_REQUEST,
-            Self::UnknownApiKey => StatusCode::UNAUTHORIZED,
+            Self::UnknownApiKey | Self::SessionKeyEnded => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. }
             | Self::NotAgentApi { .. }
             | Self::ModelNotAvailable { .. }
             | Self::ResponseNotFound { .. }
             | Self::StoredResponseNotFound { .. } => StatusCode::NOT_FOUND,
             Self::EngineControlRoute { .. } => StatusCode::FORBIDDEN,
+            Self::TenantOverloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Overloaded { .. } | Self::NoHealthyUpstream { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -102,6 +107,7 @@ impl ProxyError {
             | Self::EngineControlRoute { .. }
             | Self::ModelNotAvailable { .. }
             | Self::UnknownApiKey
+            | Self::SessionKeyEnded
             | Self::BadTenantHeader
             | Self::BadSessionHint(_)
             | Self::BadMessagesRequest(_)
@@ -109,6 +115,7 @@ impl ProxyError {
             | Self::ResponseNotFound { .. }
             | Self::StoredResponseNotFound { .. } => "invalid_request_error",
             Self::Overloaded { .. } => "overloaded_error",
+            Self::TenantOverloaded { .. } => "rate_limit_error",
             _ => "upstream_error",
         }
     }
@@ -124,6 +131,7 @@ impl ProxyError {
             Self::EngineControlRoute { .. } => "engine_control_route",
             Self::ModelNotAvailable { .. } => "model_not_found",
             Self::UnknownApiKey => "invalid_api_key",
+            Self::SessionKeyEnded => "session_key_ended",
             Self::BadTenantHeader => "invalid_tenant",
             Self::BadSessionHint(_) => "invalid_session_header",
             Self::BadMessagesRequest(_) => "invalid_request",
@@ -131,6 +139,7 @@ impl ProxyError {
             Self::ResponseNotFound { .. } => "previous_response_not_found",
             Self::StoredResponseNotFound { .. } => "response_not_found",
             Self::Overloaded { .. } => "overloaded",
+            Self::TenantOverloaded { .. } => "tenant_overloaded",
             Self::NoHealthyUpstream { .. } => "no_healthy_upstream",
             Self::ConnectFailed { .. } => "upstream_connect_failed",
             Self::FirstByteTimeout { .. } => "upstream_timeout",
@@ -145,6 +154,9 @@ impl ProxyError {
             error_response(status, &self.to_string(), self.error_type(), self.code());
         response.extensions_mut().insert(ErrorCode(self.code()));
         if let Self::Overloaded {
+            retry_after_secs, ..
+        }
+        | Self::TenantOverloaded {
             retry_after_secs, ..
         } = self
         {

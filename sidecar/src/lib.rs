@@ -24,6 +24,7 @@ pub mod relay;
 pub mod route;
 pub mod server;
 pub mod session;
+pub mod share;
 pub mod store;
 pub mod telemetry;
 pub mod tenant;

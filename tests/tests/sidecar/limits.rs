@@ -94,6 +94,66 @@ async fn past_the_concurrency_limit_requests_are_shed_with_retry_after() {
     assert_eq!(engine.request_count(), 2);
 }
 
+/// A tenant's slow uploads (a valid key, bodies trickled) hold its own share of the calls in
+/// flight only: past its share it gets 429, and another tenant is still served.
+#[tokio::test]
+async fn a_tenants_slow_uploads_hold_its_own_share_and_the_others_are_served() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_concurrent_requests = 8;
+    config.tenants.default = None;
+    for (key, tenant) in [("sk-alpha", "alpha"), ("sk-bravo", "bravo")] {
+        config
+            .tenants
+            .keys
+            .insert(clawback_sidecar::tenant::key_hash(key), tenant.to_owned());
+    }
+    let sidecar = Sidecar::start(config).await;
+
+    // Alpha opens 8 uploads and sends a few bytes of each: half its share, half refused.
+    let mut uploads = Vec::new();
+    let mut refused = 0;
+    for _ in 0..8 {
+        let mut stream = TcpStream::connect(sidecar.addr).await.unwrap();
+        stream
+            .write_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-alpha\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"model\":",
+            )
+            .await
+            .unwrap();
+        let mut answer = vec![0u8; 4096];
+        match tokio::time::timeout(Duration::from_millis(500), stream.read(&mut answer)).await {
+            Ok(read) => {
+                let answer = String::from_utf8_lossy(&answer[..read.unwrap()]).into_owned();
+                assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+                assert!(answer.contains("retry-after: 1"), "{answer}");
+                assert!(
+                    answer.contains("\"code\":\"tenant_overloaded\""),
+                    "{answer}"
+                );
+                refused += 1;
+            }
+            Err(_) => uploads.push(stream),
+        }
+    }
+    assert_eq!((uploads.len(), refused), (4, 4));
+
+    // Bravo is served meanwhile, four at a time.
+    for _ in 0..5 {
+        let calls = (0..4).map(|_| {
+            client()
+                .post(sidecar.url("/v1/chat/completions"))
+                .bearer_auth("sk-bravo")
+                .json(&chat_request(false))
+                .send()
+        });
+        for answer in futures_util::future::join_all(calls).await {
+            assert_eq!(answer.unwrap().status(), 200);
+        }
+    }
+    drop(uploads);
+}
+
 #[tokio::test]
 async fn an_engine_that_never_answers_gets_504() {
     let engine = MockUpstream::start().await;

@@ -719,6 +719,25 @@ async fn a_session_key_from_the_handshake_puts_every_call_in_its_trajectory_and_
             );
         }
     }
+    // The key ends with its trajectory: completed through the admin API (how a key is
+    // revoked), it is refused.
+    let done = client()
+        .post(sidecar.url(&format!("/trajectories/{id}/complete")))
+        .bearer_auth("admin-secret")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    let ended = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&json!({"model": "mock-llama", "messages": first_turn()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 401);
+    assert_openai_error(&ended.json().await.unwrap(), "session_key_ended");
     // A key nobody minted is an unknown key.
     let unknown = client()
         .post(sidecar.url("/v1/chat/completions"))
