@@ -11,11 +11,16 @@
 //!
 //! A request that is not a POST carries no body: one that does is refused too, rather than
 //! forwarded unread.
+//!
+//! What a body may expand to in memory is bounded as well as its bytes: it holds at most
+//! `limits.max_body_values` JSON values (every message, content block, key's value and item
+//! counts one), so a history of many tiny messages cannot take the memory of one made of few.
 
+use std::cell::Cell;
 use std::fmt;
 
 use http::Method;
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 /// Why a body was refused; the message the agent reads.
@@ -25,7 +30,7 @@ pub struct Unreadable(String);
 
 /// The JSON object a POST carries, `None` for a request of another method (which must then come
 /// without a body).
-pub fn read(method: &Method, body: &[u8]) -> Result<Option<Value>, Unreadable> {
+pub fn read(method: &Method, body: &[u8], max_values: usize) -> Result<Option<Value>, Unreadable> {
     if *method != Method::POST {
         return match body.is_empty() {
             true => Ok(None),
@@ -35,13 +40,22 @@ pub fn read(method: &Method, body: &[u8]) -> Result<Option<Value>, Unreadable> {
             ))),
         };
     }
-    object(body).map(Some)
+    object(body, max_values).map(Some)
 }
 
-/// `body` as a JSON object, read strictly (see the module docs).
-pub fn object(body: &[u8]) -> Result<Value, Unreadable> {
-    let Strict(value) = serde_json::from_slice(body)
-        .map_err(|e| Unreadable(format!("the request body is not valid JSON: {e}")))?;
+/// `body` as a JSON object of at most `max_values` values, read strictly (see the module docs).
+pub fn object(body: &[u8], max_values: usize) -> Result<Value, Unreadable> {
+    let budget = Cell::new(max_values);
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = Strict { budget: &budget }
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value))
+        .map_err(|e| match e.to_string().starts_with(TOO_MANY) {
+            true => Unreadable(format!(
+                "the request body holds more than {max_values} JSON values (limits.max_body_values)"
+            )),
+            false => Unreadable(format!("the request body is not valid JSON: {e}")),
+        })?;
     if !value.is_object() {
         return Err(Unreadable(
             "the request body must be a JSON object".to_owned(),
@@ -53,18 +67,30 @@ pub fn object(body: &[u8]) -> Result<Value, Unreadable> {
     }
 }
 
-/// A JSON value whose objects hold no key twice.
-struct Strict(Value);
+/// The message of the error that stops a body past its budget of values.
+const TOO_MANY: &str = "too many values";
 
-impl<'de> Deserialize<'de> for Strict {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrictVisitor).map(Strict)
+/// A JSON value whose objects hold no key twice, taking one unit of `budget` per value.
+#[derive(Clone, Copy)]
+struct Strict<'b> {
+    budget: &'b Cell<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        match self.budget.get() {
+            0 => Err(de::Error::custom(TOO_MANY)),
+            left => {
+                self.budget.set(left - 1);
+                deserializer.deserialize_any(self)
+            }
+        }
     }
 }
 
-struct StrictVisitor;
-
-impl<'de> Visitor<'de> for StrictVisitor {
+impl<'de> Visitor<'de> for Strict<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -102,8 +128,8 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(Strict(item)) = seq.next_element()? {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(self)? {
             items.push(item);
         }
         Ok(Value::Array(items))
@@ -117,7 +143,7 @@ impl<'de> Visitor<'de> for StrictVisitor {
                     "the key `{key}` appears twice"
                 )));
             }
-            let Strict(value) = map.next_value()?;
+            let value = map.next_value_seed(self)?;
             object.insert(key, value);
         }
         Ok(Value::Object(object))
@@ -129,8 +155,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    const LOTS: usize = 1_000_000;
+
     fn refused(body: &[u8]) -> String {
-        match object(body) {
+        match object(body, LOTS) {
             Ok(value) => panic!("{} was read as {value}", String::from_utf8_lossy(body)),
             Err(Unreadable(message)) => message,
         }
@@ -140,11 +168,11 @@ mod tests {
     fn a_standard_body_reads_as_serde_json_reads_it() {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"h\u00e9"}],"n":1,"t":0.5,"x":null,"big":18446744073709551615,"neg":-3}"#;
         assert_eq!(
-            object(body).unwrap(),
+            object(body, LOTS).unwrap(),
             serde_json::from_slice::<Value>(body).unwrap()
         );
         assert_eq!(
-            object(br#"{"a":{"b":[1,{"c":true}]}}"#).unwrap(),
+            object(br#"{"a":{"b":[1,{"c":true}]}}"#, LOTS).unwrap(),
             json!({"a":{"b":[1,{"c":true}]}})
         );
     }
@@ -173,7 +201,7 @@ mod tests {
         assert!(message.contains("`model` appears twice"), "{message}");
         refused(br#"{"messages":[{"role":"user","role":"system"}]}"#);
         // The same key in sibling objects is no repeat.
-        object(br#"{"a":{"k":1},"b":{"k":2}}"#).unwrap();
+        object(br#"{"a":{"k":1},"b":{"k":2}}"#, LOTS).unwrap();
     }
 
     #[test]
@@ -188,13 +216,35 @@ mod tests {
         ] {
             assert_eq!(refused(body), "`model` must be a string");
         }
-        object(br#"{"messages":[]}"#).unwrap();
+        object(br#"{"messages":[]}"#, LOTS).unwrap();
     }
 
     #[test]
     fn a_request_that_is_not_a_post_carries_no_body() {
-        assert_eq!(read(&Method::GET, b""), Ok(None));
-        assert!(read(&Method::GET, br#"{"model":"bravo@v1"}"#).is_err());
-        assert!(read(&Method::POST, b"").is_err());
+        assert_eq!(read(&Method::GET, b"", LOTS), Ok(None));
+        assert!(read(&Method::GET, br#"{"model":"bravo@v1"}"#, LOTS).is_err());
+        assert!(read(&Method::POST, b"", LOTS).is_err());
+    }
+
+    #[test]
+    fn a_body_holds_at_most_its_budget_of_values() {
+        // The object, `model`'s value, `messages`, one message, its two values: 6.
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        object(body, 6).unwrap();
+        let message = refused_with(body, 5);
+        assert!(message.contains("more than 5 JSON values"), "{message}");
+        // Many tiny messages in few bytes: refused long before they are all built.
+        let many = format!(
+            r#"{{"model":"m","messages":[{}]}}"#,
+            vec![r#"{"role":"user","content":""}"#; 100_000].join(",")
+        );
+        assert!(refused_with(many.as_bytes(), 10_000).contains("JSON values"));
+    }
+
+    fn refused_with(body: &[u8], max_values: usize) -> String {
+        match object(body, max_values) {
+            Ok(value) => panic!("{value} was read"),
+            Err(Unreadable(message)) => message,
+        }
     }
 }

@@ -418,7 +418,7 @@ where
     let limit = app.config.limits.max_body_bytes;
     let body = read_body(limit, app.config.timeouts.body_read, &parts.headers, body).await?;
     // What the engine gets is what the sidecar read: a body it cannot read is refused here.
-    let json = crate::agent_json::read(&parts.method, &body)?;
+    let json = crate::agent_json::read(&parts.method, &body, app.config.limits.max_body_values)?;
     let (body, json, endpoint, upstream_path, answer) = match (endpoint, json) {
         (Endpoint::Models, _) => {
             let response = app

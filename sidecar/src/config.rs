@@ -261,6 +261,9 @@ pub struct Timeouts {
 pub struct Limits {
     /// Largest accepted request body; larger ones get 413.
     pub max_body_bytes: usize,
+    /// Most JSON values (messages, content blocks, each key's value, each item) a request body
+    /// may hold: what it expands to in memory is bounded, not only its bytes. More get 400.
+    pub max_body_values: usize,
     /// Requests served at once — orphans (calls whose client left while their upstream answer
     /// is still read, so it is recorded) included; the next one gets 503 with `Retry-After`.
     pub max_concurrent_requests: usize,
@@ -334,6 +337,7 @@ impl Default for Config {
             },
             limits: Limits {
                 max_body_bytes: 16 * 1024 * 1024,
+                max_body_values: 1 << 18,
                 max_concurrent_requests: 4096,
                 max_orphaned_calls: 256,
                 max_connections: 16_384,

@@ -93,9 +93,12 @@ impl RequestKeys {
         self.boundaries.is_empty()
     }
 
-    /// The prefixes to look up, shortest first.
+    /// The prefixes to look up, shortest first: the longest [`MAX_PREFIXES`] of them. A call
+    /// continues one of the last turns of its history, and the session state's work (one lookup
+    /// per prefix, in a Redis script) stays bounded however many turns a client sends.
     pub fn prefixes(&self) -> Vec<Prefix> {
-        self.boundaries
+        let skip = self.boundaries.len().saturating_sub(MAX_PREFIXES);
+        self.boundaries[skip..]
             .iter()
             .map(|b| Prefix {
                 hash: b.hash,
@@ -104,6 +107,9 @@ impl RequestKeys {
             .collect()
     }
 }
+
+/// Most history prefixes a call is looked up by ([`RequestKeys::prefixes`]).
+pub const MAX_PREFIXES: usize = 64;
 
 /// The keys under which a recorded call can be continued, computed outside any lock.
 #[derive(Clone, Debug)]
@@ -501,6 +507,24 @@ mod tests {
         json!({"role": "user", "content": format!(
             "<system-reminder>Current time: 2026-11-28 10:0{k} UTC. Open files: src/parser.rs</system-reminder>"
         )})
+    }
+
+    #[test]
+    fn a_history_of_many_turns_is_looked_up_by_its_last_ones_only() {
+        let history: Vec<Value> = (0..10_000)
+            .flat_map(|i| {
+                [
+                    json!({"role": "user", "content": format!("q{i}")}),
+                    json!({"role": "assistant", "content": format!("a{i}")}),
+                ]
+            })
+            .collect();
+        let keys = RequestKeys::of(&tenant("a"), &history);
+        let prefixes = keys.prefixes();
+        assert_eq!(prefixes.len(), MAX_PREFIXES);
+        // The longest last, ending at the history's end.
+        assert_eq!(prefixes.last().map(|p| p.end), Some(20_000));
+        assert!(prefixes.windows(2).all(|w| w[0].end < w[1].end));
     }
 
     #[test]

@@ -44,6 +44,49 @@ async fn a_body_over_the_limit_gets_413_and_never_reaches_the_engine() {
     assert_eq!(engine.request_count(), 0);
 }
 
+/// A history of many tiny messages, small in bytes, large once parsed: refused by its count of
+/// JSON values before it is built, in the agent's API shape.
+#[tokio::test]
+async fn a_body_of_too_many_values_gets_400_and_never_reaches_the_engine() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_body_values = 10_000;
+    let sidecar = Sidecar::start(config).await;
+    let messages = vec![json!({"role": "user", "content": ""}); 5_000];
+    for (path, extra) in [
+        ("/v1/chat/completions", json!({})),
+        ("/v1/messages", json!({"max_tokens": 16})),
+    ] {
+        let mut body = json!({"model": "m", "messages": messages});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let answer = client()
+            .post(sidecar.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 400, "{path}");
+        let error: Value = answer.json().await.unwrap();
+        assert!(
+            error.to_string().contains("more than 10000 JSON values"),
+            "{path}: {error}"
+        );
+    }
+    assert_eq!(engine.request_count(), 0);
+    // A history within the budget is served.
+    let fits =
+        json!({"model": "m", "messages": vec![json!({"role": "user", "content": "hi"}); 100]});
+    let answer = client()
+        .post(sidecar.url("/v1/chat/completions"))
+        .json(&fits)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+}
+
 #[tokio::test]
 async fn past_the_concurrency_limit_requests_are_shed_with_retry_after() {
     let engine = MockUpstream::start().await;
