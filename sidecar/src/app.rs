@@ -124,6 +124,11 @@ impl App {
             tasks.clone(),
         )?);
         let tenants = TenantResolver::new(&config.tenants)?;
+        // A sidecar that serves one tenant gives it the whole of every bound.
+        let fraction = match tenants.is_shared() {
+            true => config.limits.tenant_share,
+            false => 1.0,
+        };
         let agent_api = AllowList::new(&config.agent_api)?;
         let admin = crate::handshake::auth::AdminAuth::new(&config.admin)?;
         let background = CancellationToken::new();
@@ -140,6 +145,7 @@ impl App {
                     datapool.clone(),
                     Arc::clone(&metrics),
                     &config.data_dir,
+                    fraction,
                 )?;
                 filters = crate::filters::start(&config, &recorder, &metrics).await?;
                 let stop = background.clone();
@@ -155,11 +161,6 @@ impl App {
                 crate::policy::start(&config, store, Arc::clone(&metrics), background.clone()).await
             }
             None => None,
-        };
-        // A sidecar that serves one tenant gives it the whole of every bound.
-        let fraction = match tenants.is_shared() {
-            true => config.limits.tenant_share,
-            false => 1.0,
         };
         let calls = crate::share::Shares::new(crate::share::of(
             config.limits.max_concurrent_requests,
@@ -624,8 +625,12 @@ async fn prepare_call(
     let mut hints = Hints::read(session, &parts.headers, Some(&json))?;
     let responses_turn = match step_endpoint {
         clawback_datapool::Endpoint::Responses => {
-            let (turn, continues) =
-                crate::session::responses::resolve(recorder.responses(), &tenant, &mut json)?;
+            let (turn, continues) = crate::session::responses::resolve(
+                recorder.responses(),
+                &tenant,
+                &mut json,
+                app.config.limits.max_body_bytes,
+            )?;
             hints.continues = continues;
             Some(turn)
         }

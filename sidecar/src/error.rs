@@ -27,6 +27,8 @@ pub enum ProxyError {
     ModelNotAvailable { model: String },
     #[error("the sidecar is serving its limit of {limit} concurrent requests; retry shortly")]
     Overloaded { limit: usize, retry_after_secs: u32 },
+    #[error("the conversation through previous_response_id exceeds the request limit of {limit} bytes: send a shorter one")]
+    ConversationTooLarge { limit: usize },
     #[error("this session key's trajectory has completed: the key no longer works")]
     SessionKeyEnded,
     #[error("this tenant is serving its share of {share} concurrent requests; retry shortly")]
@@ -72,7 +74,9 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } | Self::ConversationTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyRead(_)
             | Self::BadTenantHeader
@@ -100,6 +104,7 @@ impl ProxyError {
     fn error_type(&self) -> &'static str {
         match self {
             Self::BodyTooLarge { .. }
+            | Self::ConversationTooLarge { .. }
             | Self::BodyTimeout(_)
             | Self::BodyRead(_)
             | Self::NotFound { .. }
@@ -124,6 +129,7 @@ impl ProxyError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::BodyTooLarge { .. } => "body_too_large",
+            Self::ConversationTooLarge { .. } => "conversation_too_large",
             Self::BodyTimeout(_) => "body_timeout",
             Self::BodyRead(_) => "body_read_failed",
             Self::NotFound { .. } => "not_found",

@@ -211,11 +211,13 @@ const COMPLETION_WAIT: Duration = Duration::from_secs(30);
 impl Recorder {
     /// Takes a journal in `data_dir` and starts the writer, which first applies whatever a
     /// killed predecessor left in it; [`Recorder::close`] stops it once everything is written.
+    /// `tenant_share`: the fraction of the stored Responses' budget one tenant may hold.
     pub fn start(
         config: Recording,
         datapool: crate::store::Datapool,
         metrics: Arc<Metrics>,
         data_dir: &std::path::Path,
+        tenant_share: f64,
     ) -> Result<Arc<Self>, StartError> {
         let crate::store::Datapool {
             store,
@@ -274,7 +276,10 @@ impl Recorder {
             metrics,
             store,
             filters: OnceLock::new(),
-            responses: crate::session::responses::StoredResponses::new(config_responses_max_bytes),
+            responses: crate::session::responses::StoredResponses::new(
+                config_responses_max_bytes,
+                crate::share::of(config_responses_max_bytes, tenant_share),
+            ),
         });
         Ok(recorder)
     }

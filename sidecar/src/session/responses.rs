@@ -12,7 +12,11 @@
 //! Each entry holds what its call added (its new input items and its reply) and points at the
 //! entry it continued, so a session of n turns costs O(n) memory, not O(n²). Entries are kept up
 //! to a byte budget, oldest first out; a session whose entry was evicted gets the engine's "not
-//! found", as from any server that forgot it.
+//! found", as from any server that forgot it. An entry counts against the budget with its whole
+//! conversation (the entries it continues are held as long as it is), so what is held never
+//! exceeds the budget; each tenant keeps at most its share of it, so one tenant's traffic does
+//! not evict another's; and a continuation whose whole conversation is over `max_body_bytes` is
+//! refused, as the same body sent whole would be.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -47,6 +51,7 @@ pub fn resolve(
     stored: &StoredResponses,
     tenant: &TenantId,
     body: &mut Value,
+    max_body_bytes: usize,
 ) -> Result<(Turn, Option<Continues>), ProxyError> {
     let new_items = input_items(&body["input"]);
     let Some(id) = body["previous_response_id"].as_str().map(str::to_owned) else {
@@ -61,6 +66,12 @@ pub fn resolve(
     let entry = stored
         .get(tenant, &id)
         .ok_or(ProxyError::ResponseNotFound { id })?;
+    // The body the engine would get: checked before it is built.
+    if entry.conversation_bytes + json_bytes(&new_items) > max_body_bytes {
+        return Err(ProxyError::ConversationTooLarge {
+            limit: max_body_bytes,
+        });
+    }
     let mut input = entry.conversation();
     input.extend(new_items.iter().cloned());
     if let Some(request) = body.as_object_mut() {
@@ -90,7 +101,16 @@ pub struct Entry {
     items: Vec<Value>,
     /// Items in the whole conversation through this response.
     len: usize,
-    bytes: usize,
+    /// Serialised bytes of the whole conversation through this response (and its id).
+    conversation_bytes: usize,
+}
+
+/// The serialised size of `items`.
+fn json_bytes(items: &[Value]) -> usize {
+    items
+        .iter()
+        .map(|item| serde_json::to_vec(item).map_or(0, |v| v.len()))
+        .sum()
 }
 
 impl Entry {
@@ -139,12 +159,40 @@ pub fn reply_items(output: &AssistantOutput) -> Vec<Value> {
     items
 }
 
+/// What one tenant keeps.
+#[derive(Debug, Default)]
+struct Kept {
+    /// Its ids in the order they came, for eviction (an id evicted already is skipped).
+    order: VecDeque<String>,
+    /// Responses kept.
+    count: usize,
+    bytes: usize,
+}
+
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<(TenantId, String), Arc<Entry>>,
-    /// Keys in the order they came, for eviction.
+    /// Every tenant's keys in the order they came, for eviction past the whole budget.
     order: VecDeque<(TenantId, String)>,
+    tenants: HashMap<TenantId, Kept>,
     bytes: usize,
+}
+
+impl State {
+    /// Forgets the response `key`, if it is still kept.
+    fn evict(&mut self, key: &(TenantId, String)) {
+        let Some(gone) = self.entries.remove(key) else {
+            return;
+        };
+        self.bytes -= gone.conversation_bytes;
+        if let Some(kept) = self.tenants.get_mut(&key.0) {
+            kept.bytes -= gone.conversation_bytes;
+            kept.count -= 1;
+            if kept.count == 0 {
+                self.tenants.remove(&key.0);
+            }
+        }
+    }
 }
 
 /// The responses relayed lately, per tenant.
@@ -152,14 +200,17 @@ struct State {
 pub struct StoredResponses {
     state: Mutex<State>,
     budget: usize,
+    per_tenant: usize,
 }
 
 impl StoredResponses {
-    /// Keeps up to `budget` bytes of conversation (as serialised JSON).
-    pub fn new(budget: usize) -> Self {
+    /// Keeps up to `budget` bytes of conversation (as serialised JSON), at most `per_tenant` of
+    /// them for one tenant.
+    pub fn new(budget: usize, per_tenant: usize) -> Self {
         Self {
             state: Mutex::new(State::default()),
             budget,
+            per_tenant: per_tenant.min(budget),
         }
     }
 
@@ -175,7 +226,8 @@ impl StoredResponses {
     }
 
     /// Keeps response `id`: the call that made it added `items` (its new input, then its reply)
-    /// to the conversation of `previous`.
+    /// to the conversation of `previous`. A conversation larger than the tenant's share is not
+    /// kept (its continuation gets "not found").
     pub fn remember(
         &self,
         tenant: &TenantId,
@@ -184,33 +236,64 @@ impl StoredResponses {
         previous: Option<Arc<Entry>>,
         items: Vec<Value>,
     ) {
-        let bytes = items
-            .iter()
-            .map(|item| serde_json::to_vec(item).map_or(0, |v| v.len()))
-            .sum::<usize>()
-            + id.len();
+        let conversation_bytes =
+            previous.as_ref().map_or(0, |p| p.conversation_bytes) + json_bytes(&items) + id.len();
+        if conversation_bytes > self.per_tenant {
+            return;
+        }
         let len = previous.as_ref().map_or(0, |p| p.len) + items.len();
         let entry = Arc::new(Entry {
             trajectory,
             previous,
             items,
             len,
-            bytes,
+            conversation_bytes,
         });
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (tenant.clone(), id);
-        if let Some(old) = state.entries.insert(key.clone(), entry) {
-            state.bytes -= old.bytes;
-        } else {
-            state.order.push_back(key);
+        state.evict(&key);
+        state.entries.insert(key.clone(), entry);
+        state.bytes += conversation_bytes;
+        let kept = state.tenants.entry(tenant.clone()).or_default();
+        kept.bytes += conversation_bytes;
+        kept.count += 1;
+        kept.order.push_back(key.1.clone());
+        state.order.push_back(key);
+        // The tenant's own oldest first, past its share; then anyone's, past the whole.
+        while state
+            .tenants
+            .get(tenant)
+            .is_some_and(|k| k.bytes > self.per_tenant)
+        {
+            let Some(oldest) = state
+                .tenants
+                .get_mut(tenant)
+                .and_then(|k| k.order.pop_front())
+            else {
+                break;
+            };
+            state.evict(&(tenant.clone(), oldest));
         }
-        state.bytes += bytes;
         while state.bytes > self.budget {
             let Some(oldest) = state.order.pop_front() else {
                 break;
             };
-            if let Some(gone) = state.entries.remove(&oldest) {
-                state.bytes -= gone.bytes;
+            state.evict(&oldest);
+        }
+        // The orders forget, now and then, the keys the other one evicted: they stay O(kept).
+        let State {
+            order,
+            entries,
+            tenants,
+            ..
+        } = &mut *state;
+        if order.len() > 2 * entries.len() + 64 {
+            order.retain(|key| entries.contains_key(key));
+        }
+        if let Some(kept) = tenants.get_mut(tenant) {
+            if kept.order.len() > 2 * kept.count + 64 {
+                kept.order
+                    .retain(|id| entries.contains_key(&(tenant.clone(), id.clone())));
             }
         }
     }
@@ -226,7 +309,7 @@ mod tests {
 
     #[test]
     fn a_chain_of_responses_gives_the_whole_conversation_to_its_tenant_only() {
-        let stored = StoredResponses::new(1 << 20);
+        let stored = StoredResponses::new(1 << 20, 1 << 20);
         let t = TrajectoryId::new();
         stored.remember(
             &tenant("a"),
@@ -263,7 +346,7 @@ mod tests {
 
     #[test]
     fn the_oldest_responses_go_first_past_the_budget() {
-        let stored = StoredResponses::new(200);
+        let stored = StoredResponses::new(200, 200);
         for i in 0..10 {
             stored.remember(
                 &tenant("a"),
@@ -275,6 +358,59 @@ mod tests {
         }
         assert!(stored.get(&tenant("a"), "resp_0").is_none());
         assert!(stored.get(&tenant("a"), "resp_9").is_some());
+    }
+
+    #[test]
+    fn a_chain_counts_whole_and_one_tenant_cannot_evict_anothers() {
+        let stored = StoredResponses::new(1000, 500);
+        let turn = |text: &str| vec![json!({"role": "user", "content": text})];
+        stored.remember(
+            &tenant("b"),
+            "b_1".into(),
+            TrajectoryId::new(),
+            None,
+            turn("bravo"),
+        );
+        // Alpha's long conversation: each entry counts its whole chain, so alpha holds at most
+        // its share, and bravo's response stays.
+        let t = TrajectoryId::new();
+        let mut previous = None;
+        for i in 0..50 {
+            let id = format!("a_{i}");
+            stored.remember(
+                &tenant("a"),
+                id.clone(),
+                t,
+                previous.clone(),
+                turn(&"x".repeat(20)),
+            );
+            previous = stored.get(&tenant("a"), &id);
+        }
+        let state = stored.state.lock().unwrap();
+        let alpha = state.tenants[&tenant("a")].bytes;
+        assert!(alpha <= 500, "alpha holds {alpha}");
+        assert!(state.bytes <= 1000);
+        drop(state);
+        assert!(stored.owns(&tenant("b"), "b_1"));
+    }
+
+    #[test]
+    fn a_continuation_over_the_body_limit_is_refused_before_it_is_built() {
+        let stored = StoredResponses::new(1 << 20, 1 << 20);
+        stored.remember(
+            &tenant("a"),
+            "resp_1".into(),
+            TrajectoryId::new(),
+            None,
+            vec![json!({"role": "user", "content": "x".repeat(5000)})],
+        );
+        let mut body = json!({"model": "m", "input": "more", "previous_response_id": "resp_1"});
+        let refused = resolve(&stored, &tenant("a"), &mut body, 4096);
+        assert!(matches!(
+            refused,
+            Err(ProxyError::ConversationTooLarge { limit: 4096 })
+        ));
+        assert!(resolve(&stored, &tenant("a"), &mut body, 1 << 20).is_ok());
     }
 
     #[test]
