@@ -2,7 +2,8 @@
 //! enough to give plugins what they need — the last step until its next state arrives, and,
 //! for plugins that evaluate trajectories, the last turns — and runs the plugins off the
 //! request path: on their own runtime, concurrently, bounded, with a queue that drops (and
-//! counts) instead of waiting. Each evaluation goes to the `deliver` callback.
+//! counts) instead of waiting — each tenant holding at most its share of the queue and of the
+//! calls running at once ([`crate::fair`]). Each evaluation goes to the `deliver` callback.
 //!
 //! In a pool of sidecars a session's calls land on any replica, so the step a next state
 //! follows, or some turns of a finished trajectory, may have been recorded by another one. Then
@@ -28,6 +29,7 @@ use crate::bindings::{self, MetadataEntry, Turn};
 use crate::breaker::Change;
 use crate::call::{self, Failure, Input};
 use crate::config::{FiltersConfig, PluginConfig};
+use crate::fair::{Fair, TenantShare};
 use crate::host::CallHost;
 use crate::judge::{Judge, JudgeError};
 use crate::metrics::{CallLabels, ErrorLabels, Metrics, PluginLabels};
@@ -143,6 +145,8 @@ struct Inner {
     metrics: Metrics,
     permits: Semaphore,
     queued: AtomicUsize,
+    /// Each tenant's share of the queue and the permits.
+    fair: Fair,
     deliver: Deliver,
     live: Mutex<HashMap<TrajectoryId, Live>>,
     settling: Mutex<HashMap<TrajectoryId, Settling>>,
@@ -161,6 +165,7 @@ impl Filters {
     /// Loads the plugins of `config.dir` and starts the filters' runtime and hot reload.
     pub async fn start(
         config: FiltersConfig,
+        share: TenantShare,
         metrics: Metrics,
         deliver: Deliver,
     ) -> Result<Self, FiltersError> {
@@ -204,6 +209,7 @@ impl Filters {
             judge,
             metrics,
             queued: AtomicUsize::new(0),
+            fair: Fair::new(share),
             deliver,
             live: Mutex::new(HashMap::new()),
             settling: Mutex::new(HashMap::new()),
@@ -528,8 +534,14 @@ struct Submitter {
 impl Submitter {
     fn submit(self, tenant: TenantId, trajectory: TrajectoryId, job: Job) {
         let inner = self.inner;
+        let Some(running) = inner.fair.admit(&tenant) else {
+            // The tenant has its share queued: its own job is dropped, no one else's.
+            inner.metrics.dropped.inc();
+            return;
+        };
         if inner.queued.fetch_add(1, Ordering::AcqRel) >= inner.config.queue_capacity.max(1) {
             inner.queued.fetch_sub(1, Ordering::AcqRel);
+            inner.fair.leave(&tenant);
             inner.metrics.dropped.inc();
             return;
         }
@@ -537,7 +549,12 @@ impl Submitter {
         inner.settling().entry(trajectory).or_default().jobs += 1;
         self.tasks.spawn_on(
             async move {
-                let evaluations = inner.evaluate(&tenant, trajectory, job).await;
+                // The tenant's turn first, then (per plugin call) a permit of the whole.
+                let evaluations = match running.acquire().await {
+                    Ok(_turn) => inner.evaluate(&tenant, trajectory, job).await,
+                    Err(_) => Vec::new(),
+                };
+                inner.fair.leave(&tenant);
                 inner.queued.fetch_sub(1, Ordering::AcqRel);
                 if !evaluations.is_empty() {
                     (inner.deliver)(evaluations);

@@ -15,6 +15,7 @@ pub mod breaker;
 pub mod call;
 pub mod config;
 pub mod dispatch;
+pub mod fair;
 pub mod host;
 pub mod judge;
 pub mod metrics;

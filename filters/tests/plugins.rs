@@ -3,10 +3,15 @@
 
 mod support;
 
-use clawback_datapool::{Evaluation, EvaluationSource, Verdict};
+use std::time::Duration;
+
+use clawback_datapool::{Evaluation, EvaluationSource, StepId, TenantId, TrajectoryId, Verdict};
 use serde_json::json;
 
-use support::{fixture, host, judge_config, next_of, scripted_judge, tool_result};
+use support::{
+    fixture, host, host_sharing, judge_config, next_of, scripted_judge, scripted_judge_after,
+    tool_result, Host,
+};
 
 fn reward(evaluation: &Evaluation) -> Option<f64> {
     match &evaluation.verdict {
@@ -102,6 +107,55 @@ async fn judge_vote_takes_the_majority_of_the_judges_answers() {
     let votes = vote.labels.get("judge_votes").cloned().unwrap_or_default();
     assert_eq!(votes.matches("+1").count(), 2, "{votes}");
     assert_eq!(judge.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// One tenant's steps behind a slow judge fill its own share of the plugin queue only: another
+/// tenant's steps are still admitted and scored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_behind_a_slow_judge_fills_only_its_share_of_the_queue() {
+    let judge =
+        scripted_judge_after(vec!["\\boxed{1}".to_owned()], Duration::from_millis(300)).await;
+    let mut host = host_sharing(&["judge_vote"], 0.5, |config| {
+        config.judge = Some(judge_config(&judge.url));
+        config.queue_capacity = 4;
+        config.max_concurrency = 2;
+        config.plugins.insert(
+            "judge_vote".to_owned(),
+            serde_json::from_value(json!({"config": {"votes": 1}})).expect("plugin config"),
+        );
+    })
+    .await;
+    let (trajectory, steps) = fixture();
+    let next = next_of(&steps[0]);
+    let submit = |host: &Host, tenant: &str| {
+        let mut t = trajectory.clone();
+        t.id = TrajectoryId::new();
+        t.tenant = TenantId::new(tenant).expect("tenant");
+        let mut step = steps[0].clone();
+        step.id = StepId::new();
+        step.tenant = t.tenant.clone();
+        step.trajectory = t.id;
+        host.filters.opened(&t);
+        host.filters.step_recorded(&step);
+        host.filters.next_state(&t.tenant, t.id, step.id, &next);
+    };
+    for _ in 0..10 {
+        submit(&host, "alpha");
+    }
+    for _ in 0..2 {
+        submit(&host, "bravo");
+    }
+    let (mut alpha, mut bravo) = (0, 0);
+    while alpha + bravo < 4 {
+        for evaluation in host.next_batch().await {
+            match evaluation.tenant.as_str() {
+                "bravo" => bravo += 1,
+                _ => alpha += 1,
+            }
+        }
+    }
+    // Alpha's share (2 of 4) was admitted, its other 8 dropped; bravo's 2 were scored.
+    assert_eq!((alpha, bravo), (2, 2));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -147,7 +147,7 @@ impl App {
                     &config.data_dir,
                     fraction,
                 )?;
-                filters = crate::filters::start(&config, &recorder, &metrics).await?;
+                filters = crate::filters::start(&config, &recorder, &metrics, fraction).await?;
                 let stop = background.clone();
                 tokio::spawn(
                     Arc::clone(&recorder).sweep_until(async move { stop.cancelled().await }),

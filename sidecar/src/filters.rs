@@ -15,10 +15,12 @@ use crate::metrics::Metrics;
 use crate::recorder::Recorder;
 
 /// Loads the plugins and attaches them to `recorder`; `None` when no plugin directory is set.
+/// A tenant holds at most `tenant_share` of the plugins' queue and of their calls at once.
 pub async fn start(
     config: &Config,
     recorder: &Arc<Recorder>,
     metrics: &Metrics,
+    tenant_share: f64,
 ) -> Result<Option<Arc<Filters>>, FiltersError> {
     if config.filters.dir.is_none() {
         return Ok(None);
@@ -29,8 +31,19 @@ pub async fn start(
             recorder.enqueue_evaluations(evaluations);
         }
     });
-    let filters =
-        Arc::new(Filters::start(config.filters.clone(), metrics.filters.clone(), deliver).await?);
+    let share = clawback_filters::fair::TenantShare {
+        queued: crate::share::of(config.filters.queue_capacity, tenant_share),
+        running: crate::share::of(config.filters.max_concurrency, tenant_share),
+    };
+    let filters = Arc::new(
+        Filters::start(
+            config.filters.clone(),
+            share,
+            metrics.filters.clone(),
+            deliver,
+        )
+        .await?,
+    );
     for (name, hash, description) in filters.plugins() {
         tracing::info!(plugin = %name, %hash, %description, "filter plugin in service");
     }

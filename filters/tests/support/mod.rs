@@ -43,6 +43,15 @@ pub struct Host {
 }
 
 pub async fn host(plugins: &[&str], tweak: impl FnOnce(&mut FiltersConfig)) -> Host {
+    host_sharing(plugins, 1.0, tweak).await
+}
+
+/// [`host`], each tenant holding at most `fraction` of the queue and of the calls at once.
+pub async fn host_sharing(
+    plugins: &[&str],
+    fraction: f64,
+    tweak: impl FnOnce(&mut FiltersConfig),
+) -> Host {
     let dir = tempfile::tempdir().expect("temp dir");
     for name in plugins {
         std::fs::copy(plugin_file(name), dir.path().join(format!("{name}.wasm")))
@@ -56,8 +65,14 @@ pub async fn host(plugins: &[&str], tweak: impl FnOnce(&mut FiltersConfig)) -> H
     tweak(&mut config);
     let (tx, evaluations) = mpsc::unbounded_channel();
     let metrics = Metrics::default();
+    let part = |total: usize| ((total as f64 * fraction).ceil() as usize).max(1);
+    let share = clawback_filters::fair::TenantShare {
+        queued: part(config.queue_capacity),
+        running: part(config.max_concurrency),
+    };
     let filters = Filters::start(
         config,
+        share,
         metrics.clone(),
         Arc::new(move |batch| {
             let _ = tx.send(batch);
@@ -127,6 +142,11 @@ pub struct ScriptedJudge {
 }
 
 pub async fn scripted_judge(answers: Vec<String>) -> ScriptedJudge {
+    scripted_judge_after(answers, Duration::ZERO).await
+}
+
+/// [`scripted_judge`], each answer sent `delay` after its request came.
+pub async fn scripted_judge_after(answers: Vec<String>, delay: Duration) -> ScriptedJudge {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("judge binds");
     let addr = listener.local_addr().expect("judge address");
     let requests = Arc::new(AtomicUsize::new(0));
@@ -140,6 +160,7 @@ pub async fn scripted_judge(answers: Vec<String>) -> ScriptedJudge {
                 if read_request(&mut stream).await.is_none() {
                     return;
                 }
+                tokio::time::sleep(delay).await;
                 let body = serde_json::json!({
                     "id": format!("chatcmpl-judge-{n}"),
                     "object": "chat.completion",
