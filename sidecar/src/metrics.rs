@@ -153,6 +153,7 @@ pub struct Metrics {
     pub records_replayed: Counter,
     pub completions_taken_over: Counter,
     pub completions_short: Counter,
+    pub connections_reclaimed: Counter,
     pub recorder_queue: Gauge,
     pub journal_append: Histogram,
     pub end_of_response_wait: Histogram,
@@ -287,6 +288,12 @@ impl Metrics {
             "Completions enqueued before every step they counted arrived: those steps' replica died before writing them (after recording.completion_lease)",
             completions_short.clone(),
         );
+        let connections_reclaimed = Counter::default();
+        registry.register(
+            "connections_reclaimed",
+            "Idle client connections closed at limits.max_connections to make room for a new one",
+            connections_reclaimed.clone(),
+        );
         let records_replayed = Counter::default();
         registry.register(
             "records_replayed",
@@ -402,6 +409,7 @@ impl Metrics {
             records_replayed,
             completions_taken_over,
             completions_short,
+            connections_reclaimed,
             journal_append,
             end_of_response_wait,
             session_state,

@@ -5,7 +5,8 @@
 //! within `timeouts.header_read` of being accepted (nothing at all, or only an h2 preface), or
 //! that sits idle with no request in flight for `timeouts.idle_connection`, is closed — so
 //! silent connections cannot hold descriptors until the sidecar can accept nothing else, health
-//! checks included. The number of connections is capped below the process's descriptor limit.
+//! checks included. The number of connections is capped below the process's descriptor limit,
+//! and at the cap the connection idle longest is closed to make room for the next one.
 //!
 //! On shutdown the listener closes first (new connections are refused), idle keep-alive
 //! connections are closed, and in-flight requests — streams included — get `shutdown_grace` to
@@ -101,6 +102,8 @@ pub async fn serve_on(
         permits: Arc::new(Semaphore::new(connection_cap(
             app.config.limits.max_connections,
         ))),
+        open: Arc::default(),
+        metrics: Arc::clone(&app.metrics),
         header_read: app.config.timeouts.header_read,
         idle: app.config.timeouts.idle_connection,
         stop: tokio_util::sync::CancellationToken::new(),
@@ -152,6 +155,8 @@ pub struct Watchdog {
     idle_since_ms: AtomicU64,
     /// A response on this connection gave up on its client (it stopped reading).
     abandoned: AtomicBool,
+    /// Closed while idle to make room for a new connection at the cap.
+    reclaimed: AtomicBool,
     wake: tokio::sync::Notify,
 }
 
@@ -178,8 +183,29 @@ impl Watchdog {
             active: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
             abandoned: AtomicBool::new(false),
+            reclaimed: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Since when the connection has had no request in flight; `None` while one is.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.active.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let since = match self.started.load(Ordering::Relaxed) {
+            true => self.idle_since_ms.load(Ordering::Relaxed),
+            false => 0,
+        };
+        Some(self.accepted + Duration::from_millis(since))
+    }
+
+    /// Closes the connection if it is still idle.
+    fn reclaim(&self) {
+        if self.active.load(Ordering::SeqCst) == 0 {
+            self.reclaimed.store(true, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
     }
 
     fn request_began(self: &Arc<Self>) -> RequestGuard {
@@ -193,6 +219,10 @@ impl Watchdog {
         loop {
             if self.abandoned.load(Ordering::SeqCst) {
                 return "the client stopped reading its answer (timeouts.client_write)";
+            }
+            // Unless a request began meanwhile.
+            if self.reclaimed.load(Ordering::SeqCst) && self.active.load(Ordering::SeqCst) == 0 {
+                return "idle at limits.max_connections: closed to make room for a new one";
             }
             let now = Instant::now();
             let deadline = if !self.started.load(Ordering::Relaxed) {
@@ -273,12 +303,56 @@ where
     }
 }
 
+/// The connections open now, by a serial number: at the cap, the idlest makes room.
+#[derive(Default)]
+struct Open {
+    next: AtomicU64,
+    watchdogs: std::sync::Mutex<std::collections::HashMap<u64, Arc<Watchdog>>>,
+}
+
+impl Open {
+    fn watchdogs(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Watchdog>>> {
+        self.watchdogs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, watchdog: &Arc<Watchdog>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.watchdogs().insert(id, Arc::clone(watchdog));
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.watchdogs().remove(&id);
+    }
+
+    /// Closes the connection idle longest (no request in flight: never made one, or between
+    /// keep-alive requests); whether there was one.
+    fn reclaim_idlest(&self) -> bool {
+        let idlest = self
+            .watchdogs()
+            .values()
+            .filter_map(|w| w.idle_since().map(|since| (since, Arc::clone(w))))
+            .min_by_key(|(since, _)| *since);
+        match idlest {
+            Some((_, watchdog)) => {
+                watchdog.reclaim();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// What the accept loops of all listeners share.
 struct Accepting {
     stack: app::Stack,
     builder: auto::Builder<TokioExecutor>,
     graceful: GracefulShutdown,
     permits: Arc<Semaphore>,
+    open: Arc<Open>,
+    metrics: Arc<crate::metrics::Metrics>,
     header_read: Duration,
     idle: Duration,
     stop: tokio_util::sync::CancellationToken,
@@ -288,6 +362,12 @@ impl Accepting {
     /// Accepts on `listener` until the stop signal, each connection with its watchdog.
     async fn accept_loop(&self, listener: TcpListener, port: Port) {
         loop {
+            // At the cap an idle connection (one that sent nothing yet, or sits between
+            // keep-alive requests) makes room: sockets opened and left idle cannot lock
+            // everyone else out, health checks included, until `header_read` runs out.
+            if self.permits.available_permits() == 0 && self.open.reclaim_idlest() {
+                self.metrics.connections_reclaimed.inc();
+            }
             let permit = tokio::select! {
                 permit = Arc::clone(&self.permits).acquire_owned() => match permit {
                     Ok(permit) => permit,
@@ -319,6 +399,8 @@ impl Accepting {
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();
             let connection = self.graceful.watch(connection);
+            let open = Arc::clone(&self.open);
+            let id = open.add(&watchdog);
             tokio::spawn(async move {
                 tokio::select! {
                     ended = connection => if let Err(e) = ended {
@@ -326,6 +408,7 @@ impl Accepting {
                     },
                     why = watchdog.expired() => tracing::debug!(%peer, why, "connection closed"),
                 }
+                open.remove(id);
                 drop(permit);
             });
         }

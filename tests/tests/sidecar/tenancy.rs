@@ -313,6 +313,47 @@ async fn orphaned_calls_hold_their_concurrency_permit_and_have_a_cap_of_their_ow
     .await;
 }
 
+/// Sockets opened and left idle up to the connection cap, and reopened as they are closed, do
+/// not lock health checks (or anyone) out: at the cap the idlest connection makes room.
+#[tokio::test]
+async fn idle_sockets_at_the_connection_cap_make_room_for_health_checks() {
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_connections = 16;
+    config.timeouts.header_read = Duration::from_secs(30);
+    let sidecar = Sidecar::start(config).await;
+    let addr = sidecar.addr;
+    // The attacker keeps 16 idle sockets open, reopening each one the sidecar closes.
+    let attack = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        loop {
+            sockets.retain(|s: &tokio::net::TcpStream| {
+                let mut buf = [0u8; 1];
+                !matches!(s.try_read(&mut buf), Ok(0))
+            });
+            while sockets.len() < 16 {
+                match tokio::net::TcpStream::connect(addr).await {
+                    Ok(socket) => sockets.push(socket),
+                    Err(_) => break,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let health = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for _ in 0..9 {
+        let answer = health.get(sidecar.url("/healthz")).send().await;
+        assert_eq!(answer.map(|a| a.status().as_u16()).ok(), Some(200));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    attack.abort();
+}
+
 #[tokio::test]
 async fn connections_that_send_no_request_are_closed_after_header_read() {
     let engine = MockUpstream::start().await;
