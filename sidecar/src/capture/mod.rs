@@ -9,8 +9,9 @@
 //!    and the relay passes it every body frame ([`ResponseCapture::on_frame`]) and forwards what
 //!    it says ([`Forward`]). Streams are cut into events ([`sse`]); each event's JSON is parsed
 //!    once, read by the [`assemble::Assembler`], and only when it held injected fields stripped
-//!    ([`strip`]) and serialised again. When nothing was injected every frame goes through as it
-//!    came;
+//!    ([`strip`]) and serialised again. A plain body is held to its end and stripped whole, or,
+//!    past the step cap, stripped as it streams past ([`strip_stream`]). When nothing was
+//!    injected every frame goes through as it came;
 //! 3. at the end of the body, [`ResponseCapture::finish`] gives the bytes still to send and the
 //!    [`Assembled`] answer.
 //!
@@ -29,6 +30,7 @@ pub mod assemble;
 pub mod request;
 pub mod sse;
 pub mod strip;
+pub mod strip_stream;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::Value;
@@ -185,6 +187,8 @@ enum Mode {
     Sse(SseSplitter),
     /// A plain body is only whole JSON at its end.
     Body(BytesMut),
+    /// A plain body past the limit, no longer held: stripped as it streams past.
+    Stripping(strip_stream::StreamStrip),
 }
 
 /// The end of a response.
@@ -245,15 +249,24 @@ impl ResponseCapture {
         match &mut self.mode {
             Mode::Body(body) if !assemble => {
                 // Past the limit a plain body is no longer held: what was held goes out with
-                // this frame as it came (with the fields the sidecar asked for, unstripped, but
-                // whole), the rest as it comes.
+                // this frame, and the rest as it comes — the fields the sidecar asked for taken
+                // out as they stream past.
                 let held = std::mem::take(body);
-                if held.is_empty() || self.injected.is_empty() {
+                if self.injected.is_empty() {
                     return Forward::Original;
                 }
-                let mut out = held;
-                out.extend_from_slice(frame);
-                Forward::Rewritten(out.freeze())
+                let mut strip = strip_stream::StreamStrip::new(self.injected);
+                let mut out = strip.push(&held);
+                out.extend(strip.push(frame));
+                self.mode = Mode::Stripping(strip);
+                Forward::Rewritten(Bytes::from(out))
+            }
+            Mode::Stripping(strip) => {
+                let out = strip.push(frame);
+                match out.is_empty() {
+                    true => Forward::Held,
+                    false => Forward::Rewritten(Bytes::from(out)),
+                }
             }
             Mode::Body(body) => {
                 body.extend_from_slice(frame);
@@ -321,6 +334,8 @@ impl ResponseCapture {
                 splitter.finish();
                 None
             }
+            // A translated body is held whole, never stripped as it streams.
+            (Mode::Stripping(_), Some(_)) => None,
             // Translated whole: the agent gets a message or, when the engine's body is not
             // JSON, what it sent.
             (Mode::Body(body), Some(Translation::Messages(_))) => {
@@ -362,7 +377,8 @@ fn finish_as_sent(
             splitter.finish();
             None
         }
-        // Past the limit everything was passed on already.
+        // Past the limit everything was passed on already (but a key held at its very end).
+        Mode::Stripping(mut strip) => Some(Bytes::from(strip.finish())).filter(|b| !b.is_empty()),
         Mode::Body(_) if truncated => None,
         Mode::Body(body) => {
             let body = body.freeze();
@@ -400,6 +416,8 @@ fn translate_frame(
             body.extend_from_slice(frame);
             Forward::Held
         }
+        // Never for a translated answer (it is held whole).
+        Mode::Stripping(_) => Forward::Original,
         Mode::Sse(splitter) => {
             splitter.push(frame);
             let mut out = BytesMut::new();

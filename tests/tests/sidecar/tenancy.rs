@@ -420,6 +420,8 @@ async fn an_answer_over_the_step_cap_reaches_the_agent_whole_and_is_stored_trunc
     });
     let mut config = test_config(&[engine.url()]);
     config.recording.max_step_bytes = 64 << 10;
+    // The sidecar asks vLLM for token ids and logprobs: they must not reach the agent.
+    config.upstream_kind = clawback_sidecar::config::UpstreamKind::Vllm;
     let sidecar = Sidecar::start(config).await;
     let tenant = TenantId::new("default").unwrap();
 
@@ -445,9 +447,13 @@ async fn an_answer_over_the_step_cap_reaches_the_agent_whole_and_is_stored_trunc
                 })
                 .collect()
         } else {
-            // Past the cap a plain body is no longer held to strip what the sidecar asked for:
-            // it passes as the engine sent it (documented in crate::capture).
+            // Past the cap a plain body is no longer held; what the sidecar asked for is still
+            // taken out as it streams past: the agent gets what it would have unasked.
             let json: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(json["prompt_token_ids"], Value::Null);
+            assert_eq!(json["choices"][0]["token_ids"], Value::Null);
+            assert_eq!(json["choices"][0]["logprobs"], Value::Null);
+            assert!(body.len() < answer.len() + 4096, "{} bytes", body.len());
             json["choices"][0]["message"]["content"]
                 .as_str()
                 .unwrap_or_default()
