@@ -114,21 +114,22 @@ impl App {
                 .with_affinity(config.affinity),
         );
         let tasks = TaskTracker::new();
-        let forwarder = Arc::new(Forwarder::new(
-            Arc::clone(&pool),
-            config.upstream_api_key.as_deref(),
-            config.upstream_kind,
-            config.timeouts.clone(),
-            config.limits.max_orphaned_calls,
-            Arc::clone(&metrics),
-            tasks.clone(),
-        )?);
         let tenants = TenantResolver::new(&config.tenants)?;
         // A sidecar that serves one tenant gives it the whole of every bound.
         let fraction = match tenants.is_shared() {
             true => config.limits.tenant_share,
             false => 1.0,
         };
+        let max_orphans = config.limits.max_orphaned_calls;
+        let forwarder = Arc::new(Forwarder::new(
+            Arc::clone(&pool),
+            config.upstream_api_key.as_deref(),
+            config.upstream_kind,
+            config.timeouts.clone(),
+            crate::forward::Orphans::new(max_orphans, crate::share::of(max_orphans, fraction)),
+            Arc::clone(&metrics),
+            tasks.clone(),
+        )?);
         let agent_api = AllowList::new(&config.agent_api)?;
         let admin = crate::handshake::auth::AdminAuth::new(&config.admin)?;
         let background = CancellationToken::new();
@@ -391,6 +392,9 @@ where
         _share: Arc::new(share),
     };
     parts.extensions.insert(share.clone());
+    parts
+        .extensions
+        .insert(crate::tenant::CallTenant(tenant.clone()));
     let mut response = serve(app, parts, body, tenant, session, endpoint, upstream_path).await?;
     response.body_mut().attach(share);
     Ok(response)

@@ -50,7 +50,23 @@ pub struct Forwarder {
     metrics: Arc<Metrics>,
     tasks: TaskTracker,
     /// Calls whose client left and whose upstream answer is still read (`max_orphaned_calls`).
-    orphans: Arc<Semaphore>,
+    orphans: Orphans,
+}
+
+/// The places for orphans: `max_orphaned_calls` in all, each tenant its share of them.
+#[derive(Clone)]
+pub struct Orphans {
+    pub all: Arc<Semaphore>,
+    pub per_tenant: Arc<crate::share::Shares>,
+}
+
+impl Orphans {
+    pub fn new(max: usize, per_tenant: usize) -> Self {
+        Self {
+            all: Arc::new(Semaphore::new(max)),
+            per_tenant: crate::share::Shares::new(per_tenant),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +79,7 @@ impl Forwarder {
         upstream_api_key: Option<&str>,
         kind: UpstreamKind,
         timeouts: Timeouts,
-        max_orphaned_calls: usize,
+        orphans: Orphans,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
     ) -> Result<Self, InvalidApiKey> {
@@ -102,7 +118,7 @@ impl Forwarder {
             kind,
             metrics,
             tasks,
-            orphans: Arc::new(Semaphore::new(max_orphaned_calls)),
+            orphans,
         })
     }
 
@@ -189,7 +205,13 @@ impl Forwarder {
                     (None, _) => None,
                 };
                 let connection = parts.extensions.get::<crate::server::Abandon>();
-                Ok(self.relay(response, in_flight, timing, tap, is_sse, answer, connection))
+                let tenant = parts
+                    .extensions
+                    .get::<crate::tenant::CallTenant>()
+                    .map(|t| t.0.clone());
+                Ok(self.relay(
+                    response, in_flight, timing, tap, is_sse, answer, connection, tenant,
+                ))
             }
             Err(e) => {
                 if let Some(pending) = recording {
@@ -328,6 +350,7 @@ impl Forwarder {
         is_sse: bool,
         answer: Answer,
         connection: Option<&crate::server::Abandon>,
+        tenant: Option<clawback_datapool::TenantId>,
     ) -> (Response<ProxyBody>, Relay<Incoming>) {
         let (mut parts, body) = response.into_parts();
         if tap
@@ -354,7 +377,8 @@ impl Forwarder {
             client_write: self.timeouts.client_write,
             connection: connection.cloned(),
             orphan_drain: self.timeouts.orphan_drain,
-            orphans: Arc::clone(&self.orphans),
+            orphans: self.orphans.clone(),
+            tenant,
             in_flight,
             pool: Arc::clone(&self.pool),
             metrics: Arc::clone(&self.metrics),

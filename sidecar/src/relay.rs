@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use crate::body::RelayItem;
@@ -84,8 +84,11 @@ pub struct Relay<B> {
     /// Closes the client's connection when it stops reading.
     pub connection: Option<crate::server::Abandon>,
     pub orphan_drain: Duration,
-    /// Permits for orphans: a call whose client leaves takes one, or is cut off.
-    pub orphans: Arc<Semaphore>,
+    /// Permits for orphans: a call whose client leaves takes one (and one of its tenant's
+    /// share), or is cut off.
+    pub orphans: crate::forward::Orphans,
+    /// The tenant the call is served for, when known.
+    pub tenant: Option<clawback_datapool::TenantId>,
     pub in_flight: InFlight,
     pub pool: Arc<Pool>,
     pub metrics: Arc<Metrics>,
@@ -93,6 +96,12 @@ pub struct Relay<B> {
     pub at_event_boundary: bool,
     /// The client's API: the error event of a broken stream is in its shape.
     pub dialect: crate::route::Dialect,
+}
+
+/// An orphan's place: one of all orphans' permits and one of its tenant's share.
+pub struct Orphan {
+    _permit: OwnedSemaphorePermit,
+    _share: Option<crate::share::Share>,
 }
 
 impl<B> Relay<B>
@@ -218,11 +227,24 @@ where
 
     /// The client left: the call drains as an orphan if a permit for one is free, else it is
     /// cut off here.
-    fn orphaned(&self) -> Result<OwnedSemaphorePermit, RelayEnd> {
-        match Arc::clone(&self.orphans).try_acquire_owned() {
+    fn orphaned(&self) -> Result<Orphan, RelayEnd> {
+        let share = match &self.tenant {
+            Some(tenant) => match self.orphans.per_tenant.try_take(tenant) {
+                Some(share) => Some(share),
+                None => {
+                    self.metrics.orphans_cut.inc();
+                    return Err(RelayEnd::OrphanCut);
+                }
+            },
+            None => None,
+        };
+        match Arc::clone(&self.orphans.all).try_acquire_owned() {
             Ok(permit) => {
                 self.metrics.orphaned_streams.inc();
-                Ok(permit)
+                Ok(Orphan {
+                    _permit: permit,
+                    _share: share,
+                })
             }
             Err(_) => {
                 self.metrics.orphans_cut.inc();

@@ -109,6 +109,10 @@ impl TenantResolver {
     }
 }
 
+/// The tenant a call is served for, in its request's extensions once it is known.
+#[derive(Debug, Clone)]
+pub struct CallTenant(pub TenantId);
+
 /// The API key of `Authorization: Bearer <key>` (OpenAI SDKs, and Anthropic's with an auth
 /// token), `x-api-key: <key>` (Anthropic SDKs) or `api-key: <key>` (Azure style), in that order.
 pub fn presented_key(headers: &HeaderMap) -> Option<&str> {

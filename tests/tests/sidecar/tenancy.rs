@@ -247,8 +247,16 @@ async fn with_the_only_engine_ejected_for_failures_calls_still_reach_it() {
 
 /// Starts a streamed call and leaves after its first bytes; the engine holds the rest.
 async fn leave_after_first_bytes(sidecar: &Sidecar) {
-    let response = client()
-        .post(sidecar.url("/v1/chat/completions"))
+    leave_after_first_bytes_as(sidecar, None).await;
+}
+
+/// [`leave_after_first_bytes`], with a tenant's API key.
+async fn leave_after_first_bytes_as(sidecar: &Sidecar, key: Option<&str>) {
+    let mut call = client().post(sidecar.url("/v1/chat/completions"));
+    if let Some(key) = key {
+        call = call.bearer_auth(key);
+    }
+    let response = call
         .json(&json!({"model": "mock-llama", "stream": true,
                       "messages": [{"role": "user", "content": "a long story"}]}))
         .send()
@@ -311,6 +319,42 @@ async fn orphaned_calls_hold_their_concurrency_permit_and_have_a_cap_of_their_ow
         (response.status() == 200).then_some(())
     })
     .await;
+}
+
+/// One tenant's abandoned calls take its own share of the orphans' places only: another
+/// tenant's orphan still drains (and is recorded).
+#[tokio::test]
+async fn one_tenants_orphans_leave_the_others_their_share() {
+    let engine = MockUpstream::start().await;
+    let hold = Hold::after_chunks(1);
+    engine.set_behaviour(Behaviour {
+        hold: Some(hold.clone()),
+        ..Behaviour::default()
+    });
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_orphaned_calls = 2;
+    config.tenants.default = None;
+    for (key, tenant) in [("sk-alpha", "alpha"), ("sk-bravo", "bravo")] {
+        config
+            .tenants
+            .keys
+            .insert(clawback_sidecar::tenant::key_hash(key), tenant.to_owned());
+    }
+    let sidecar = Sidecar::start(config).await;
+    let metrics = &sidecar.app.metrics;
+    for _ in 0..2 {
+        leave_after_first_bytes_as(&sidecar, Some("sk-alpha")).await;
+    }
+    assert!(eventually(Duration::from_secs(5), || metrics.orphans_cut.get() == 1).await);
+    leave_after_first_bytes_as(&sidecar, Some("sk-bravo")).await;
+    assert!(
+        eventually(Duration::from_secs(5), || metrics.orphaned_streams.get()
+            == 2)
+        .await,
+        "bravo's orphan drains beside alpha's one"
+    );
+    assert_eq!(metrics.orphans_cut.get(), 1);
+    hold.release();
 }
 
 /// Sockets opened and left idle up to the connection cap, and reopened as they are closed, do
