@@ -14,6 +14,9 @@ struct Args {
     /// its logprob when asked) instead of the usual reply.
     #[arg(long)]
     answer_bytes: Option<usize>,
+    /// Wait this long before every response head, as an engine busy prefilling and decoding.
+    #[arg(long, default_value_t = 0)]
+    head_delay_ms: u64,
 }
 
 /// Words up to `bytes` bytes, as a model's answer reads.
@@ -50,12 +53,11 @@ fn main() -> std::process::ExitCode {
     runtime.block_on(async {
         let mock = clawback_tests::mock::MockUpstream::start_on(args.listen).await;
         mock.stop_recording();
-        if let Some(bytes) = args.answer_bytes {
-            mock.set_behaviour(clawback_tests::mock::Behaviour {
-                answer_text: Some(answer_of(bytes)),
-                ..Default::default()
-            });
-        }
+        mock.set_behaviour(clawback_tests::mock::Behaviour {
+            answer_text: args.answer_bytes.map(answer_of),
+            head_delay: std::time::Duration::from_millis(args.head_delay_ms),
+            ..Default::default()
+        });
         println!("mock-upstream listening on {}", mock.url());
         let _ = tokio::signal::ctrl_c().await;
     });

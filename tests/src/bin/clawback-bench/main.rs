@@ -10,7 +10,8 @@
 //! recording sidecars it counts, from the sidecar's own metrics, how many of the calls it
 //! served were stored, and reports the throughput at which everything was. With `--plugin
 //! FILE.wasm` it also measures recording with that one filter plugin against recording
-//! without it.
+//! without it. Last, two tenants on one sidecar, one abusive: the other's latency and success
+//! rate beside the abuser against its own load alone, with fair shares and without.
 //!
 //! Run it with `scripts/bench` (which builds the release binaries, the plugins and installs
 //! LiteLLM first).
@@ -18,6 +19,7 @@
 mod counts;
 mod plugin;
 mod procs;
+mod tenants;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -82,6 +84,9 @@ struct Args {
     /// Also write the report to this file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Calls per second of the well-behaved tenant in the two-tenant comparison; 0 skips it.
+    #[arg(long, default_value_t = 100)]
+    tenant_rate: u32,
 }
 
 /// How long a recording sidecar may take, after a phase, to store what it served.
@@ -516,6 +521,12 @@ async fn main() -> Result<(), String> {
     let mut report = report(&args, &measured);
     if let Some(plugin) = &args.plugin {
         report.push_str(&plugin_section(&args, &run, plugin, &client).await?);
+    }
+    if args.tenant_rate > 0 {
+        report.push_str(
+            &tenants::two_tenants(&client, &run, &args.engine, args.tenant_rate, args.seconds)
+                .await?,
+        );
     }
     println!("{report}");
     let _ = std::fs::remove_dir_all(&scratch);
