@@ -13,8 +13,10 @@
 //!    forwarded; engine control routes (adapter load/unload, weight updates, pause, ...) never;
 //! 6. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
 //!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here (who asks is
-//!    checked before a control body is read); an API call has its body read within the size and
-//!    time limits and parsed strictly ([`crate::agent_json`]); a call with a body is routed to
+//!    checked before a control body is read); an API call's tenant is resolved from its key and
+//!    takes one of its tenant's share of the calls at once ([`crate::share`]; 429 past it),
+//!    then has its body read within the size and time limits and parsed strictly, within a
+//!    budget of JSON values ([`crate::agent_json`]); a call with a body is routed to
 //!    its tenant's live adapter ([`crate::policy`]) and, for a model call with recording on,
 //!    joins its trajectory; then it is forwarded to a balanced upstream ([`Forwarder`]) and its
 //!    response relayed back frame by frame.
