@@ -371,7 +371,8 @@ impl Store for LocalStore {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        let trajectories: Vec<(TenantId, TrajectoryId)> = steps
+        // Each trajectory once: a completion may wait for these steps.
+        let trajectories: std::collections::BTreeSet<(TenantId, TrajectoryId)> = steps
             .iter()
             .map(|s| (s.tenant.clone(), s.trajectory))
             .collect();
@@ -389,12 +390,8 @@ impl Store for LocalStore {
                 }
             }
             // A completion that waited for these steps (another replica's) takes effect now.
-            let mut seen: Vec<(&str, TrajectoryId)> = Vec::new();
-            for (tenant, traj) in trajectories.iter().map(|(t, id)| (t.as_str(), *id)) {
-                if !seen.contains(&(tenant, traj)) {
-                    seen.push((tenant, traj));
-                    settle_waiting(&tx, tenant, traj, false)?;
-                }
+            for (tenant, traj) in &trajectories {
+                settle_waiting(&tx, tenant.as_str(), *traj, false)?;
             }
             tx.commit()?;
             Ok(())

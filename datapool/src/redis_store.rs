@@ -288,6 +288,17 @@ impl RedisStore {
             .await?)
     }
 
+    /// The members of the time-scored `index` scored before `before`, oldest first, at most
+    /// `limit` of them.
+    async fn due(&self, index: &str, before: UnixMs, limit: Option<usize>) -> Result<Vec<String>> {
+        let mut query = redis::cmd("ZRANGEBYSCORE");
+        query.arg(index).arg("-inf").arg(format!("({}", before.0));
+        if let Some(limit) = limit {
+            query.arg("LIMIT").arg(0).arg(limit);
+        }
+        Ok(query.query_async(&mut self.conn()).await?)
+    }
+
     /// Adds `tenant` to the index of tenants, once per process and tenant.
     async fn register_tenant(&self, tenant: &TenantId) -> Result<()> {
         let known = self
@@ -608,11 +619,8 @@ impl Store for RedisStore {
         tenant: &TenantId,
         created_before: UnixMs,
     ) -> Result<Vec<GroupId>> {
-        let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(keys::open_groups(tenant))
-            .arg("-inf")
-            .arg(format!("({}", created_before.0))
-            .query_async(&mut self.conn())
+        let due = self
+            .due(&keys::open_groups(tenant), created_before, None)
             .await?;
         let now = UnixMs::now();
         let mut settled = Vec::new();
@@ -642,14 +650,12 @@ impl Store for RedisStore {
         tenant: &TenantId,
         completed_before: UnixMs,
     ) -> Result<Vec<TrajectoryId>> {
-        let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(keys::waiting_completions(tenant))
-            .arg("-inf")
-            .arg(format!("({}", completed_before.0))
-            .arg("LIMIT")
-            .arg(0)
-            .arg(OVERDUE_PER_SWEEP)
-            .query_async(&mut self.conn())
+        let due = self
+            .due(
+                &keys::waiting_completions(tenant),
+                completed_before,
+                Some(OVERDUE_PER_SWEEP),
+            )
             .await?;
         let mut released = Vec::new();
         for id in due {

@@ -144,13 +144,7 @@ async fn a_tenants_slow_uploads_hold_its_own_share_and_the_others_are_served() {
     let engine = MockUpstream::start().await;
     let mut config = test_config(&[engine.url()]);
     config.limits.max_concurrent_requests = 8;
-    config.tenants.default = None;
-    for (key, tenant) in [("sk-alpha", "alpha"), ("sk-bravo", "bravo")] {
-        config
-            .tenants
-            .keys
-            .insert(clawback_sidecar::tenant::key_hash(key), tenant.to_owned());
-    }
+    crate::support::alpha_and_bravo(&mut config);
     let sidecar = Sidecar::start(config).await;
 
     // Alpha opens 8 uploads and sends a few bytes of each: half its share, half refused.

@@ -199,3 +199,14 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Serves tenants `alpha` (`sk-alpha`) and `bravo` (`sk-bravo`) only: no default tenant.
+pub fn alpha_and_bravo(config: &mut clawback_sidecar::config::Config) {
+    config.tenants.default = None;
+    for (key, tenant) in [("sk-alpha", "alpha"), ("sk-bravo", "bravo")] {
+        config
+            .tenants
+            .keys
+            .insert(clawback_sidecar::tenant::key_hash(key), tenant.to_owned());
+    }
+}

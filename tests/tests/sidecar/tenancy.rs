@@ -333,13 +333,7 @@ async fn one_tenants_orphans_leave_the_others_their_share() {
     });
     let mut config = test_config(&[engine.url()]);
     config.limits.max_orphaned_calls = 2;
-    config.tenants.default = None;
-    for (key, tenant) in [("sk-alpha", "alpha"), ("sk-bravo", "bravo")] {
-        config
-            .tenants
-            .keys
-            .insert(clawback_sidecar::tenant::key_hash(key), tenant.to_owned());
-    }
+    crate::support::alpha_and_bravo(&mut config);
     let sidecar = Sidecar::start(config).await;
     let metrics = &sidecar.app.metrics;
     for _ in 0..2 {
