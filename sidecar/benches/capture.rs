@@ -7,9 +7,9 @@
 use std::hint::black_box;
 
 use bytes::Bytes;
-use clawback_sidecar::capture::strip::strip;
-use clawback_sidecar::capture::{Assembler, Capture, Endpoint, Injected, Unasked};
 use clawback_sidecar::config::UpstreamKind;
+use clawback_sidecar::data_plane::capture::strip::strip;
+use clawback_sidecar::data_plane::capture::{Assembler, Capture, Endpoint, Injected, Unasked};
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::{json, Value};
 

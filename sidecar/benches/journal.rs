@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use clawback_datapool::example::tool_use_trajectory;
 use clawback_datapool::{TenantId, WriteOp};
-use clawback_sidecar::recorder::journal::{self, Journal};
+use clawback_sidecar::data_plane::recorder::journal::{self, Journal};
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::json;
 

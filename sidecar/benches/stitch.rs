@@ -14,12 +14,12 @@ use clawback_datapool::{
     Anchor, Join, LocalSessions, RedisConfig, RedisStore, Sessions, StepDone, StepId, TenantId,
     Timing, TrajectoryId, UnixMs,
 };
-use clawback_sidecar::session::{CallKeys, Continuation, RequestKeys};
+use clawback_sidecar::data_plane::session::{CallKeys, Continuation, RequestKeys};
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::{json, Value};
 
 /// The recorded OpenClaw session the tests use: its system prompt and first turns open the history.
-const OPENCLAW_CHAT: &str = include_str!("../src/session/testdata/openclaw_chat.json");
+const OPENCLAW_CHAT: &str = include_str!("../src/data_plane/session/testdata/openclaw_chat.json");
 
 const TOOLS: [&str; 12] = [
     "read",

@@ -1,25 +1,28 @@
-//! The sidecar's request path, assembled.
+//! The sidecar's request path, assembled: the composition root, the one module that sees both
+//! planes ([`crate::data_plane`], [`crate::control_plane`]).
 //!
 //! A request meets, outer to inner:
-//! 1. **request id** ([`crate::layers::request_id`]) — the client's `X-Request-Id` or a fresh one,
-//!    echoed on the response;
-//! 2. **observe** ([`crate::layers::observe`]) — decides the [`Route`] once, opens the request's span,
-//!    and records metrics when the response body is done;
-//! 3. **dialect** ([`crate::layers::dialect`]) — errors the sidecar makes answer in the caller's
-//!    API's shape (Anthropic's for `/v1/messages`);
-//! 4. **load shed** ([`crate::layers::load_shed`]) — API calls beyond `max_concurrent_requests` get 503
-//!    with `Retry-After` at once;
-//! 5. **agent API** ([`crate::layers::agent_api`]) — only the routes of `agent_api.allow` are
-//!    forwarded; engine control routes (adapter load/unload, weight updates, pause, ...) never;
-//! 6. **handle** ([`Handler`]) — health, readiness, metrics, the admin API
-//!    ([`crate::handshake`]) and its viewer ([`crate::ui`]) are answered here (who asks is
-//!    checked before a control body is read); an API call's tenant is resolved from its key and
-//!    takes one of its tenant's share of the calls at once ([`crate::share`]; 429 past it),
-//!    then has its body read within the size and time limits and parsed strictly, within a
-//!    budget of JSON values ([`crate::agent_json`]); a call with a body is routed to
-//!    its tenant's live adapter ([`crate::policy`]) and, for a model call with recording on,
-//!    joins its trajectory; then it is forwarded to a balanced upstream ([`Forwarder`]) and its
-//!    response relayed back frame by frame.
+//! 1. **request id** ([`request_id`](crate::data_plane::layers::request_id)) — the client's
+//!    `X-Request-Id` or a fresh one, echoed on the response;
+//! 2. **observe** ([`observe`](crate::data_plane::layers::observe)) — decides the [`Route`] once
+//!    ([`classify`]: the control plane's routes, else the data plane's), opens the request's
+//!    span, and records metrics when the response body is done;
+//! 3. **dialect** ([`dialect`](crate::data_plane::layers::dialect)) — errors the sidecar makes
+//!    answer in the caller's API's shape (Anthropic's for `/v1/messages`);
+//! 4. **load shed** ([`load_shed`](crate::data_plane::layers::load_shed)) — API calls beyond
+//!    `max_concurrent_requests` get 503 with `Retry-After` at once;
+//! 5. **agent API** ([`agent_api`](crate::data_plane::layers::agent_api)) — only the routes of
+//!    `agent_api.allow` are forwarded; engine control routes (adapter load/unload, weight
+//!    updates, pause, ...) never;
+//! 6. **handle** ([`Handler`]) — health, readiness and metrics are answered here; a control
+//!    route goes to the control plane with its [`Handles`] (who asks is checked before a control
+//!    body is read); an API call's tenant is resolved from its key and takes one of its
+//!    tenant's share of the calls at once ([`share`]; 429 past it), then has its body read
+//!    within the size and time limits and parsed strictly, within a budget of JSON values
+//!    ([`agent_json`](crate::data_plane::agent_json)); a call with a body is routed to its
+//!    tenant's live adapter ([`policy`](crate::data_plane::policy)) and, for a model call with
+//!    recording on, joins its trajectory; then it is forwarded to a balanced upstream
+//!    ([`Forwarder`]) and its response relayed back frame by frame.
 //!
 //! The rule every step keeps: **what the sidecar cannot parse, classify or authorize is
 //! refused, never passed through.** A route not on the allow-list, a body that does not read
@@ -38,26 +41,28 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 
-use crate::body::{BoxError, ProxyBody};
-use crate::capture::{Answer, Capture};
 use crate::config::Config;
-use crate::error::ProxyError;
-use crate::forward::Forwarder;
-use crate::layers::agent_api::{AgentApi, AgentApiLayer, AllowList};
-use crate::layers::dialect::{DialectErrors, DialectLayer};
-use crate::layers::load_shed::{LoadShed, LoadShedLayer};
-use crate::layers::observe::{Observe, ObserveLayer};
-use crate::layers::request_id::{RequestIdLayer, RequestIdService};
-use crate::layers::ResponseFuture;
-use crate::metrics::{Metrics, UpstreamLabels};
-use crate::policy::models::own_adapter;
-use crate::policy::{Routed, Router};
-use crate::recorder::{request, Pending, Recorder};
-use crate::route::Route;
-use crate::route::{Endpoint, SessionId};
-use crate::session::explicit::Hints;
-use crate::tenant::{TenantResolver, Unresolved};
-use crate::upstream::{Pool, UpstreamUrlError};
+use crate::control_plane::{self, claw_r1, Handles};
+use crate::data_plane::body::{BoxError, ProxyBody};
+use crate::data_plane::capture::{Answer, Capture};
+use crate::data_plane::error::ProxyError;
+use crate::data_plane::forward::Forwarder;
+use crate::data_plane::layers::agent_api::{AgentApi, AgentApiLayer, AllowList};
+use crate::data_plane::layers::dialect::{DialectErrors, DialectLayer};
+use crate::data_plane::layers::load_shed::{LoadShed, LoadShedLayer};
+use crate::data_plane::layers::observe::{Observe, ObserveLayer};
+use crate::data_plane::layers::request_id::{RequestIdLayer, RequestIdService};
+use crate::data_plane::layers::ResponseFuture;
+use crate::data_plane::metrics::{Metrics, UpstreamLabels};
+use crate::data_plane::policy::models::own_adapter;
+use crate::data_plane::policy::{Routed, Router};
+use crate::data_plane::recorder::{request, Pending, Recorder};
+use crate::data_plane::route::{Endpoint, Route, SessionId};
+use crate::data_plane::server::{self, Port, Serving};
+use crate::data_plane::session::explicit::Hints;
+use crate::data_plane::share;
+use crate::data_plane::tenant::{TenantResolver, Unresolved};
+use crate::data_plane::upstream::{Pool, UpstreamUrlError};
 use clawback_datapool::TenantId;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -71,16 +76,14 @@ pub struct App {
     pub tenants: TenantResolver,
     /// The routes the agent port forwards.
     pub agent_api: AllowList,
-    /// The admin API's tokens and their scopes.
-    pub admin: crate::handshake::auth::AdminAuth,
     /// `None` when `recording.enabled` is off.
     pub recorder: Option<Arc<Recorder>>,
     /// `None` when routing is off (`routing.base_model` unset).
     pub router: Option<Router>,
-    /// The uids Claw-R1's `init_trajectory` minted here ([`crate::claw_r1`]).
-    pub claw_r1: crate::claw_r1::Registry,
-    /// Each tenant's share of `limits.max_concurrent_requests` ([`crate::share`]).
-    pub calls: Arc<crate::share::Shares>,
+    /// What the control plane reads of the data plane ([`crate::control_plane`]).
+    pub control: Handles,
+    /// Each tenant's share of `limits.max_concurrent_requests` ([`crate::data_plane::share`]).
+    pub calls: Arc<crate::data_plane::share::Shares>,
     /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
     pub filters: Option<Arc<clawback_filters::Filters>>,
     /// Forwarding and relay tasks; shutdown waits for them.
@@ -94,15 +97,15 @@ pub enum AppError {
     #[error("invalid upstream: {0}")]
     Upstream(#[from] UpstreamUrlError),
     #[error(transparent)]
-    ApiKey(#[from] crate::forward::InvalidApiKey),
+    ApiKey(#[from] crate::data_plane::forward::InvalidApiKey),
     #[error("`tenants`: {0}")]
-    Tenants(#[from] crate::tenant::TenantError),
+    Tenants(#[from] crate::data_plane::tenant::TenantError),
     #[error(transparent)]
-    Store(#[from] crate::store::OpenError),
+    Store(#[from] crate::data_plane::store::OpenError),
     #[error(transparent)]
-    Recorder(#[from] crate::recorder::StartError),
+    Recorder(#[from] crate::data_plane::recorder::StartError),
     #[error(transparent)]
-    AgentApi(#[from] crate::layers::agent_api::AgentApiError),
+    AgentApi(#[from] crate::data_plane::layers::agent_api::AgentApiError),
     #[error("filters: {0}")]
     Filters(#[from] clawback_filters::FiltersError),
 }
@@ -128,15 +131,18 @@ impl App {
             config.upstream_api_key.as_deref(),
             config.upstream_kind,
             config.timeouts.clone(),
-            crate::forward::Orphans::new(max_orphans, crate::share::of(max_orphans, fraction)),
+            crate::data_plane::forward::Orphans::new(
+                max_orphans,
+                crate::data_plane::share::of(max_orphans, fraction),
+            ),
             Arc::clone(&metrics),
             tasks.clone(),
         )?);
         let agent_api = AllowList::new(&config.agent_api)?;
-        let admin = crate::handshake::auth::AdminAuth::new(&config.admin)?;
+        let admin = crate::control_plane::handshake::auth::AdminAuth::new(&config.admin)?;
         let background = CancellationToken::new();
         let datapool = if config.recording.enabled || config.routing.enabled() {
-            Some(crate::store::open(&config).await?)
+            Some(crate::data_plane::store::open(config.store()).await?)
         } else {
             None
         };
@@ -150,7 +156,13 @@ impl App {
                     &config.data_dir,
                     fraction,
                 )?;
-                filters = crate::filters::start(&config, &recorder, &metrics, fraction).await?;
+                filters = crate::data_plane::filters::start(
+                    &config.filters,
+                    &recorder,
+                    &metrics,
+                    fraction,
+                )
+                .await?;
                 let stop = background.clone();
                 tokio::spawn(
                     Arc::clone(&recorder).sweep_until(async move { stop.cancelled().await }),
@@ -161,16 +173,33 @@ impl App {
         };
         let router = match datapool.map(|d| d.store) {
             Some(store) => {
-                crate::policy::start(&config, store, Arc::clone(&metrics), background.clone()).await
+                crate::data_plane::policy::start(
+                    &config.routing,
+                    &config.tenants,
+                    config.redis.as_deref(),
+                    store,
+                    Arc::clone(&metrics),
+                    background.clone(),
+                )
+                .await
             }
             None => None,
         };
-        let calls = crate::share::Shares::new(crate::share::of(
+        let calls = crate::data_plane::share::Shares::new(crate::data_plane::share::of(
             config.limits.max_concurrent_requests,
             fraction,
         ));
-        let claw_r1 =
-            crate::claw_r1::Registry::new(crate::share::of(crate::claw_r1::MAX_OPEN, fraction));
+        let control = Handles {
+            recorder: recorder.clone(),
+            policies: router.as_ref().map(|router| Arc::clone(router.table())),
+            tenants: tenants.clone(),
+            default_tenant: config.tenants.default.clone(),
+            admin,
+            listen: config.listen,
+            claw_r1: config.claw_r1.clone(),
+            uids: claw_r1::Registry::new(share::of(claw_r1::MAX_OPEN, fraction)),
+            idle_timeout: config.recording.idle_timeout,
+        };
         Ok(Arc::new(Self {
             config,
             pool,
@@ -178,10 +207,9 @@ impl App {
             metrics,
             tenants,
             agent_api,
-            admin,
             recorder,
             router,
-            claw_r1,
+            control,
             calls,
             filters,
             tasks,
@@ -192,15 +220,14 @@ impl App {
     /// Whether `route` is answered on `port`: with `admin.listen` set, the admin API and the
     /// viewer live on the admin port only and the agent API on the agent port only; health,
     /// readiness and metrics on both.
-    fn serves_on(&self, port: crate::server::Port, route: &Route) -> bool {
-        use crate::server::Port;
+    fn serves_on(&self, port: Port, route: &Route) -> bool {
         if self.config.admin.listen.is_none() {
             return true;
         }
-        let admin_route = matches!(route, Route::Handshake(_) | Route::Ui(_) | Route::Policies);
-        match port {
-            Port::Agent => !admin_route,
-            Port::Admin => !matches!(route, Route::Api { .. } | Route::ClawR1(_)),
+        match route {
+            Route::Control(control) => control.home == port,
+            Route::Api { .. } | Route::ClawR1Api { .. } => port == Port::Agent,
+            Route::Healthz | Route::Readyz | Route::Metrics | Route::NotFound => true,
         }
     }
 
@@ -225,13 +252,31 @@ impl App {
     }
 }
 
+/// Serves `app` on every listener until `shutdown` resolves, drains, then closes the app (its
+/// live trajectories completed, everything recorded written).
+pub async fn serve_on(
+    listeners: Vec<(tokio::net::TcpListener, Port)>,
+    app: Arc<App>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let serving = Serving {
+        timeouts: &app.config.timeouts,
+        limits: &app.config.limits,
+        metrics: Arc::clone(&app.metrics),
+        tasks: &app.tasks,
+    };
+    server::serve_on(listeners, build(Arc::clone(&app)), serving, shutdown).await;
+    app.close().await;
+    tracing::info!("shutdown complete");
+}
+
 pub type Stack = RequestIdService<Observe<DialectErrors<LoadShed<AgentApi<Handler>>>>>;
 
 /// The whole stack over one [`App`], in the order the module doc gives.
 pub fn build(app: Arc<App>) -> Stack {
     let limits = &app.config.limits;
     let load_shed = LoadShedLayer::new(limits.max_concurrent_requests, limits.retry_after_secs);
-    let observe = ObserveLayer::new(Arc::clone(&app.metrics));
+    let observe = ObserveLayer::new(Arc::clone(&app.metrics), classify);
     let agent_api = AgentApiLayer::new(app.agent_api.clone());
     let handler = agent_api.layer(Handler { app });
     RequestIdLayer.layer(observe.layer(DialectLayer.layer(load_shed.layer(handler))))
@@ -263,7 +308,7 @@ where
             .get::<Route>()
             .cloned()
             .unwrap_or_else(|| {
-                Route::classify(
+                classify(
                     request.method(),
                     request.uri().path(),
                     request.uri().query(),
@@ -271,9 +316,9 @@ where
             });
         let port = request
             .extensions()
-            .get::<crate::server::Port>()
+            .get::<Port>()
             .copied()
-            .unwrap_or(crate::server::Port::Agent);
+            .unwrap_or(Port::Agent);
         Box::pin(async move {
             if !app.serves_on(port, &route) {
                 return Ok(ProxyError::NotFound {
@@ -286,29 +331,11 @@ where
                 Route::Healthz => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
                 Route::Readyz => readiness(&app),
                 Route::Metrics => metrics(&app).await,
-                Route::Policies => crate::policy::admin::handle(&app, &request.into_parts().0),
                 Route::NotFound => ProxyError::NotFound {
                     method: request.method().to_string(),
                     path: request.uri().path().to_owned(),
                 }
                 .into_response(),
-                Route::Handshake(route) => {
-                    let (parts, body) = request.into_parts();
-                    // Who asks is known before a byte of the body is read.
-                    let scope = match app.admin.authorize(&parts) {
-                        Ok(scope) => scope,
-                        Err(refused) => return Ok(refused.into_response()),
-                    };
-                    let timeout = app.config.timeouts.body_read;
-                    match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
-                        Ok(body) => {
-                            crate::handshake::handle(&app, &scope, route, &parts, body).await
-                        }
-                        Err(e) => e.into_response(),
-                    }
-                }
-                Route::Ui(asset) if app.admin.enabled() => crate::ui::serve(asset),
-                Route::Ui(_) => crate::handshake::HandshakeError::Disabled.into_response(),
                 Route::Api {
                     endpoint,
                     session,
@@ -316,52 +343,112 @@ where
                 } => forward(app, request, endpoint, session, upstream_path)
                     .await
                     .unwrap_or_else(ProxyError::into_response),
-                Route::ClawR1(route) => claw_r1(app, request, route).await,
+                Route::ClawR1Api {
+                    uid,
+                    prompt,
+                    endpoint,
+                    upstream_path,
+                } => claw_r1_api(app, request, &uid, &prompt, endpoint, upstream_path).await,
+                Route::Control(_) => control(app, request).await,
             };
             Ok(response)
         })
     }
 }
 
-/// A Claw-R1 route: a `/v1` call under its `base_url` is forwarded as the uid's session once
-/// the uid is known to be the caller's tenant's; init, register and complete are answered here.
-async fn claw_r1<B>(
+/// Decides a request's route: the control plane's own, else the data plane's.
+pub fn classify(method: &http::Method, path: &str, query: Option<&str>) -> Route {
+    match control_plane::Route::classify(method, path, query) {
+        Some(control) => control.for_data_plane(),
+        None => Route::classify(method, path, query),
+    }
+}
+
+/// A control-plane route: who asks is checked before a byte of a control body is read, and
+/// the control plane answers with the [`Handles`] it was given.
+async fn control<B>(app: Arc<App>, request: Request<B>) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (method, uri) = (request.method(), request.uri());
+    let Some(route) = control_plane::Route::classify(method, uri.path(), uri.query()) else {
+        return ProxyError::NotFound {
+            method: method.to_string(),
+            path: uri.path().to_owned(),
+        }
+        .into_response();
+    };
+    let control = &app.control;
+    let timeout = app.config.timeouts.body_read;
+    match route {
+        control_plane::Route::Policies => {
+            control_plane::policies::handle(control, &request.into_parts().0)
+        }
+        control_plane::Route::Ui(asset) if control.admin.enabled() => {
+            control_plane::ui::serve(asset)
+        }
+        control_plane::Route::Ui(_) => {
+            control_plane::handshake::HandshakeError::Disabled.into_response()
+        }
+        control_plane::Route::Handshake(route) => {
+            let (parts, body) = request.into_parts();
+            let scope = match control.admin.authorize(&parts) {
+                Ok(scope) => scope,
+                Err(refused) => return refused.into_response(),
+            };
+            match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
+                Ok(body) => {
+                    control_plane::handshake::handle(control, &scope, route, &parts, body).await
+                }
+                Err(e) => e.into_response(),
+            }
+        }
+        control_plane::Route::ClawR1(route) => {
+            if !control.claw_r1.enabled {
+                return claw_r1::ClawR1Error::Disabled.into_response();
+            }
+            let tenant = match caller_tenant(&app, request.headers()).await {
+                Ok(tenant) => tenant,
+                Err(refusal) => return refusal.into_response(),
+            };
+            let (parts, body) = request.into_parts();
+            match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
+                Ok(body) => claw_r1::control(control, tenant, route, &parts, body).await,
+                Err(e) => e.into_response(),
+            }
+        }
+    }
+}
+
+/// A `/v1` call under a Claw-R1 `base_url`: forwarded as the uid's session once the uid is
+/// known to be the caller's tenant's.
+async fn claw_r1_api<B>(
     app: Arc<App>,
     request: Request<B>,
-    route: crate::claw_r1::Route,
+    uid: &SessionId,
+    prompt: &SessionId,
+    endpoint: Endpoint,
+    upstream_path: String,
 ) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    if !app.config.claw_r1.enabled {
-        return crate::claw_r1::ClawR1Error::Disabled.into_response();
+    if !app.control.claw_r1.enabled {
+        return claw_r1::ClawR1Error::Disabled.into_response();
     }
     let tenant = match caller_tenant(&app, request.headers()).await {
         Ok(tenant) => tenant,
         Err(refusal) => return refusal.into_response(),
     };
-    if let crate::claw_r1::Route::Api {
-        uid,
-        prompt,
-        endpoint,
-        upstream_path,
-    } = route
-    {
-        let session = match crate::claw_r1::admit_api(&app, &tenant, &uid, &prompt).await {
-            Ok(session) => session,
-            Err(refusal) => return refusal.into_response(),
-        };
-        return forward(app, request, endpoint, Some(session), upstream_path)
-            .await
-            .unwrap_or_else(ProxyError::into_response);
-    }
-    let (parts, body) = request.into_parts();
-    let timeout = app.config.timeouts.body_read;
-    match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
-        Ok(body) => crate::claw_r1::control(&app, tenant, route, &parts, body).await,
-        Err(e) => e.into_response(),
-    }
+    let session = match claw_r1::admit_api(&app.control, &tenant, uid, prompt).await {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    forward(app, request, endpoint, Some(session), upstream_path)
+        .await
+        .unwrap_or_else(ProxyError::into_response)
 }
 
 async fn forward<B>(
@@ -396,7 +483,7 @@ where
     parts.extensions.insert(share.clone());
     parts
         .extensions
-        .insert(crate::tenant::CallTenant(tenant.clone()));
+        .insert(crate::data_plane::tenant::CallTenant(tenant.clone()));
     let mut response = serve(app, parts, body, tenant, session, endpoint, upstream_path).await?;
     response.body_mut().attach(share);
     Ok(response)
@@ -405,7 +492,7 @@ where
 /// A call's unit of its tenant's share, in the request's extensions and on its answer.
 #[derive(Clone)]
 struct HeldShare {
-    _share: Arc<crate::share::Share>,
+    _share: Arc<crate::data_plane::share::Share>,
 }
 
 /// Reads, checks, routes and forwards one call of `tenant`.
@@ -425,7 +512,11 @@ where
     let limit = app.config.limits.max_body_bytes;
     let body = read_body(limit, app.config.timeouts.body_read, &parts.headers, body).await?;
     // What the engine gets is what the sidecar read: a body it cannot read is refused here.
-    let json = crate::agent_json::read(&parts.method, &body, app.config.limits.max_body_values)?;
+    let json = crate::data_plane::agent_json::read(
+        &parts.method,
+        &body,
+        app.config.limits.max_body_values,
+    )?;
     let (body, json, endpoint, upstream_path, answer) = match (endpoint, json) {
         (Endpoint::Models, _) => {
             let response = app
@@ -468,8 +559,8 @@ where
             )
         }
         (Endpoint::Messages, Some(json)) => {
-            let (chat, json) = crate::anthropic::to_chat_body(&json)?;
-            let path = crate::anthropic::CHAT_PATH.to_owned();
+            let (chat, json) = crate::data_plane::anthropic::to_chat_body(&json)?;
+            let path = crate::data_plane::anthropic::CHAT_PATH.to_owned();
             let endpoint = Endpoint::ChatCompletions;
             (chat, Some(json), endpoint, path, Answer::Messages)
         }
@@ -502,8 +593,8 @@ fn resolve_tenant(app: &App, headers: &http::HeaderMap) -> Result<TenantId, Prox
 /// The tenant a call acts for, its headers left as they are: its session key's (a key nobody
 /// minted is refused, never taken for the default tenant), else [`resolve_tenant`]'s.
 async fn caller_tenant(app: &App, headers: &http::HeaderMap) -> Result<TenantId, ProxyError> {
-    match crate::tenant::presented_key(headers)
-        .filter(|key| key.starts_with(crate::session::keys::PREFIX))
+    match crate::data_plane::tenant::presented_key(headers)
+        .filter(|key| key.starts_with(crate::data_plane::session::keys::PREFIX))
     {
         Some(key) => minted(app, key).await.map(|session| session.tenant),
         None => resolve_tenant(app, headers),
@@ -534,15 +625,17 @@ async fn session_key(
     app: &App,
     headers: &mut http::HeaderMap,
 ) -> Result<Option<clawback_datapool::KeyedSession>, ProxyError> {
-    let presented = crate::tenant::presented_key(headers);
-    let Some(key) = presented.filter(|key| key.starts_with(crate::session::keys::PREFIX)) else {
+    let presented = crate::data_plane::tenant::presented_key(headers);
+    let Some(key) =
+        presented.filter(|key| key.starts_with(crate::data_plane::session::keys::PREFIX))
+    else {
         // A tenant's key (or none) decides the call; a session key beside it goes nowhere.
-        crate::session::keys::strip(headers);
+        crate::data_plane::session::keys::strip(headers);
         return Ok(None);
     };
     let session = minted(app, key).await?;
     headers.remove(header::AUTHORIZATION);
-    for name in crate::tenant::API_KEY_HEADERS {
+    for name in crate::data_plane::tenant::API_KEY_HEADERS {
         headers.remove(name);
     }
     Ok(Some(session))
@@ -582,7 +675,7 @@ fn route_call(
 /// unfiltered.
 const MODEL_LIST_LIMIT: usize = 4 << 20;
 
-/// The engine's model list as `tenant` may see it ([`crate::policy::models`]).
+/// The engine's model list as `tenant` may see it ([`crate::data_plane::policy::models`]).
 async fn models_for(
     app: &App,
     tenant: &TenantId,
@@ -603,7 +696,7 @@ async fn models_for(
         Some(router) => router.visible(tenant, id),
         None => own_adapter(tenant, id).is_ok(),
     };
-    let body = match crate::policy::models::filter_list(&collected, visible) {
+    let body = match crate::data_plane::policy::models::filter_list(&collected, visible) {
         Some(filtered) => Bytes::from(filtered),
         None => collected,
     };
@@ -631,7 +724,7 @@ async fn prepare_call(
     let mut hints = Hints::read(session, &parts.headers, Some(&json))?;
     let responses_turn = match step_endpoint {
         clawback_datapool::Endpoint::Responses => {
-            let (turn, continues) = crate::session::responses::resolve(
+            let (turn, continues) = crate::data_plane::session::responses::resolve(
                 recorder.responses(),
                 &tenant,
                 &mut json,
@@ -733,7 +826,7 @@ fn readiness(app: &App) -> Response<ProxyBody> {
     json(status, body.to_string())
 }
 
-/// What the sidecar can capture from `kind`'s engine ([`crate::capture::request`]).
+/// What the sidecar can capture from `kind`'s engine ([`crate::data_plane::capture::request`]).
 fn expected_capture(kind: crate::config::UpstreamKind) -> &'static str {
     use crate::config::UpstreamKind;
     match kind {

@@ -13,8 +13,9 @@ use clawback_filters::FiltersConfig;
 
 use crate::app::App;
 use crate::config::{Config, FilterOverrides, Overrides, UpstreamKind};
-use crate::export::{self, Format};
-use crate::{server, telemetry};
+use crate::control_plane::export::{self, Format};
+use crate::data_plane::server;
+use crate::telemetry;
 use tokio::net::TcpListener;
 
 #[derive(Debug, Parser)]
@@ -132,7 +133,7 @@ pub fn main() -> ExitCode {
             if let Err(e) = std::io::stdin().read_line(&mut key) {
                 return fail(&e);
             }
-            println!("{}", crate::tenant::key_hash(key.trim()));
+            println!("{}", crate::data_plane::tenant::key_hash(key.trim()));
             ExitCode::SUCCESS
         }
         Command::Export(args) => export(args),
@@ -263,7 +264,7 @@ fn export(args: ExportArgs) -> ExitCode {
         Err(e) => return fail(&e),
     };
     let result = runtime.block_on(async {
-        let store = export::open_store(&config).await?;
+        let store = export::open_store(config.store()).await?;
         export::run(store.as_ref(), &options).await
     });
     match result {
@@ -335,7 +336,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         );
         let mut listeners = vec![(listener, server::Port::Agent)];
         listeners.extend(admin.map(|admin| (admin, server::Port::Admin)));
-        server::serve_on(listeners, app, shutdown_signal()).await;
+        crate::app::serve_on(listeners, app, shutdown_signal()).await;
         ExitCode::SUCCESS
     })
 }

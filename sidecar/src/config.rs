@@ -4,57 +4,20 @@
 //! Unknown keys are refused (`deny_unknown_fields`) so a typo fails at start with the key's name
 //! instead of silently running with a default.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-/// What the sidecar forwards to. The kind decides which engine-specific fields later layers may
-/// ask for (token ids and logprobs are only requested from vLLM / SGLang).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum UpstreamKind {
-    Openai,
-    Vllm,
-    Sglang,
-    /// Speaks Anthropic's Messages API itself: `/v1/messages` passes through unchanged
-    /// (recorded text only) and `upstream_api_key` goes as `x-api-key`.
-    Anthropic,
-}
-
-/// The datapool's name for the same kind (it records which kind served a step); the config
-/// keeps its own enum only because the CLI parses it.
-impl From<UpstreamKind> for clawback_datapool::UpstreamKind {
-    fn from(kind: UpstreamKind) -> Self {
-        match kind {
-            UpstreamKind::Openai => Self::Openai,
-            UpstreamKind::Vllm => Self::Vllm,
-            UpstreamKind::Sglang => Self::Sglang,
-            UpstreamKind::Anthropic => Self::Anthropic,
-        }
-    }
-}
-
-/// How a request picks among several healthy upstreams.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BalancerKind {
-    /// Two random healthy upstreams, the one with fewer requests in flight wins.
-    PowerOfTwoChoices,
-    /// The healthy upstream with the fewest requests in flight (ties: the first).
-    LeastOutstanding,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use crate::control_plane::claw_r1::ClawR1;
+pub use crate::control_plane::handshake::auth::Admin;
+pub use crate::data_plane::bounds::{Limits, Timeouts};
+pub use crate::data_plane::recorder::settings::{Recording, Redaction};
+pub use crate::data_plane::tenant::Tenants;
+pub use crate::data_plane::upstream::{Affinity, BalancerKind, Health, UpstreamKind};
+pub use crate::telemetry::{Log, LogFormat};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,231 +45,17 @@ pub struct Config {
     pub tenants: Tenants,
     pub recording: Recording,
     pub admin: Admin,
-    /// Which API calls the agent port forwards ([`crate::layers::agent_api`]).
-    pub agent_api: crate::layers::agent_api::AgentApiConfig,
-    /// Per-tenant adapter routing ([`crate::policy`]).
-    pub routing: crate::policy::Routing,
+    /// Which API calls the agent port forwards ([`crate::data_plane::layers::agent_api`]).
+    pub agent_api: crate::data_plane::layers::agent_api::AgentApiConfig,
+    /// Per-tenant adapter routing ([`crate::data_plane::policy`]).
+    pub routing: crate::data_plane::policy::Routing,
     pub log: Log,
     /// Wasm filter plugins that score recorded steps (`--plugins DIR`).
     #[serde(default)]
     pub filters: clawback_filters::FiltersConfig,
-    /// Claw-R1's black-box protocol on the agent port ([`crate::claw_r1`]).
+    /// Claw-R1's black-box protocol on the agent port ([`crate::control_plane::claw_r1`]).
     #[serde(default)]
     pub claw_r1: ClawR1,
-}
-
-/// `[claw_r1]`: Claw-R1's gateway protocol, for rollout code written for it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClawR1 {
-    /// Off by default: on, whoever holds a tenant's key opens trajectories and posts their
-    /// rewards — for rollout fleets, not for agents facing users.
-    pub enabled: bool,
-    /// Rollouts per prompt (Claw-R1's `rollout.n`): each `prompt_uid` names a group of this
-    /// many. 0: no groups, each trajectory stands alone.
-    pub group_size: u32,
-}
-
-/// Whose data a call is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tenants {
-    /// Tenant of calls whose API key is not in `keys`; `false`: such calls get 401. (TOML has
-    /// no null, and a key removed from the file would fall back to the built-in default.)
-    #[serde(with = "default_tenant")]
-    pub default: Option<String>,
-    /// Take the tenant from `X-Clawback-Tenant` — only when a trusted gateway in front of the
-    /// sidecar sets (and strips from clients) that header.
-    pub trusted_header: bool,
-    /// `"sha256:<hex of the API key>" = "tenant"`: keys are stored hashed, never in clear.
-    pub keys: BTreeMap<String, String>,
-}
-
-/// `tenants.default`: a tenant name, or `false` for none.
-mod default_tenant {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Off(bool),
-        Tenant(String),
-    }
-
-    pub fn serialize<S: Serializer>(value: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(tenant) => s.serialize_str(tenant),
-            None => s.serialize_bool(false),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-        match Raw::deserialize(d)? {
-            Raw::Off(false) => Ok(None),
-            Raw::Tenant(tenant) if !tenant.is_empty() => Ok(Some(tenant)),
-            Raw::Off(true) | Raw::Tenant(_) => Err(serde::de::Error::custom(
-                "`tenants.default` is a tenant name, or false to answer unknown keys with 401",
-            )),
-        }
-    }
-}
-
-/// How calls are recorded as trajectory steps.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Recording {
-    pub enabled: bool,
-    /// A trajectory with no call for this long is completed; its last turn is kept.
-    #[serde(with = "humantime_serde")]
-    pub idle_timeout: Duration,
-    /// A group whose rollouts have not all completed after this long is released as partial.
-    #[serde(with = "humantime_serde")]
-    pub group_timeout: Duration,
-    /// A call in flight for this long is taken for one whose replica died: it no longer holds
-    /// its trajectory open. Longer than any call (prefill, generation, `orphan_drain`).
-    #[serde(with = "humantime_serde")]
-    pub stale_call: Duration,
-    /// A trajectory's completion not written this long after it finished is taken for one whose
-    /// replica died first: the next sweep of any replica writes it (with its trajectory plugins
-    /// run again). Likewise a completion that waited this long for steps another replica
-    /// numbered but never wrote is enqueued with the steps it has. Longer than the trajectory
-    /// plugins take.
-    #[serde(with = "humantime_serde")]
-    pub completion_lease: Duration,
-    /// How long a call waits for the shared session state (Redis) before it goes on with this
-    /// replica's own; 0: as long as it takes. Retried meanwhile, so a restarting Redis is
-    /// ridden out ([`crate::session::shared`]).
-    #[serde(with = "humantime_serde")]
-    pub session_timeout: Duration,
-    /// Records the writer holds parsed in memory; every record is in the journal
-    /// ([`crate::recorder::journal`]) anyway, so past this the writer reads it back from there.
-    pub queue_capacity: usize,
-    /// Journal bytes of the records the writer's queue holds parsed in memory, all together:
-    /// past it, as past `queue_capacity`, the writer reads records back from the journal (this
-    /// much at a time). Bounds the recorder's memory when the datapool is slower than the
-    /// traffic.
-    pub queue_bytes: u64,
-    /// Most records written to the store in one batch.
-    pub batch_max: usize,
-    /// Each record reaches the disk before the agent sees the end of its answer (survives a
-    /// machine crash; the page cache already survives a process crash).
-    pub journal_fsync: bool,
-    /// Bytes of conversation kept for stateful Responses calls (`previous_response_id`), oldest
-    /// first out ([`crate::session::responses`]).
-    pub responses_max_bytes: usize,
-    /// Largest answer kept as a step, in body bytes; a larger one reaches the agent whole and
-    /// is stored truncated (its beginning, no engine tokens, `truncated: true`, not trainable).
-    pub max_step_bytes: usize,
-    /// Applied, in order, to every text of a step before it is stored.
-    pub redact: Vec<Redaction>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Redaction {
-    /// A regular expression (Rust `regex` syntax).
-    pub pattern: String,
-    pub replacement: String,
-}
-
-/// The handshake API (`/trajectories`), the viewer and `/admin/policies`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Admin {
-    /// Bearer token that sees every tenant. Unset (and no `tenant_tokens`): the API is off.
-    pub token: Option<String>,
-    /// `"sha256:<hex of the token>" = "tenant"`: tokens that see and give feedback to one
-    /// tenant's trajectories only (viewer and export included). Stored hashed, as API keys.
-    pub tenant_tokens: BTreeMap<String, String>,
-    /// Serve the admin API and the viewer on this address only (not on the agent port), e.g.
-    /// a port that only the platform's network reaches. Unset: on the agent port.
-    pub listen: Option<SocketAddr>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Timeouts {
-    /// Time a client has to send its request head.
-    #[serde(with = "humantime_serde")]
-    pub header_read: Duration,
-    /// Time a client has to send its whole request body.
-    #[serde(with = "humantime_serde")]
-    pub body_read: Duration,
-    /// TCP (and TLS) connect to an upstream.
-    #[serde(with = "humantime_serde")]
-    pub upstream_connect: Duration,
-    /// From sending the request to the upstream's response head (prefill of long prompts lives here).
-    #[serde(with = "humantime_serde")]
-    pub upstream_first_byte: Duration,
-    /// Longest gap between two body chunks of an upstream response.
-    #[serde(with = "humantime_serde")]
-    pub upstream_idle: Duration,
-    /// Longest a client may take to accept the next chunk of its response; past it the call is
-    /// treated as orphaned (its answer is still read and recorded, not sent).
-    #[serde(with = "humantime_serde")]
-    pub client_write: Duration,
-    /// A client connection with no request in flight is closed after this long.
-    #[serde(with = "humantime_serde")]
-    pub idle_connection: Duration,
-    /// How long an upstream response is still read after its client went away.
-    #[serde(with = "humantime_serde")]
-    pub orphan_drain: Duration,
-    /// After SIGTERM/SIGINT: how long in-flight requests may take to finish.
-    #[serde(with = "humantime_serde")]
-    pub shutdown_grace: Duration,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    /// Largest accepted request body; larger ones get 413.
-    pub max_body_bytes: usize,
-    /// Most JSON values (messages, content blocks, each key's value, each item) a request body
-    /// may hold: what it expands to in memory is bounded, not only its bytes. More get 400.
-    pub max_body_values: usize,
-    /// Requests served at once — orphans (calls whose client left while their upstream answer
-    /// is still read, so it is recorded) included; the next one gets 503 with `Retry-After`.
-    pub max_concurrent_requests: usize,
-    /// Client connections open at once (lowered to fit the descriptor limit, `ulimit -n`).
-    pub max_connections: usize,
-    /// Orphans at once; a call whose client leaves beyond this has its upstream call cut off
-    /// (and is not recorded).
-    pub max_orphaned_calls: usize,
-    /// Seconds sent in `Retry-After` when shedding load.
-    pub retry_after_secs: u32,
-    /// The most of each bound every tenant draws on (`max_concurrent_requests`, Claw-R1's open
-    /// trajectories) one tenant may hold, as a fraction: past it the tenant gets 429 while the
-    /// others are served. 1 turns fair shares off; a sidecar with one tenant gives it the whole.
-    pub tenant_share: f64,
-}
-
-/// Session affinity: the calls of one session go to the same upstream while it is healthy and
-/// not overloaded, so the engine's prefix cache holds the conversation so far.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Affinity {
-    pub enabled: bool,
-    /// An upstream takes a session's call while its calls in flight stay within this many times
-    /// the pool's average (consistent hashing with bounded loads); past it, the balancer picks.
-    pub load_factor: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Health {
-    /// Consecutive 5xx answers after which an upstream is ejected (a connect failure ejects at once).
-    pub eject_after_5xx: u32,
-    /// How long an ejected upstream is skipped before it is tried again.
-    #[serde(with = "humantime_serde")]
-    pub ejection: Duration,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Log {
-    pub format: LogFormat,
-    /// A `tracing` filter such as `info` or `clawback_sidecar=debug,info`.
-    pub filter: String,
 }
 
 impl Default for Config {
@@ -317,68 +66,19 @@ impl Default for Config {
             upstream_kind: UpstreamKind::Vllm,
             upstream_api_key: None,
             balancer: BalancerKind::PowerOfTwoChoices,
-            affinity: Affinity {
-                enabled: true,
-                load_factor: 1.25,
-            },
+            affinity: Affinity::default(),
             redis: None,
             redis_cluster: false,
             data_dir: PathBuf::from("clawback-data"),
-            timeouts: Timeouts {
-                header_read: Duration::from_secs(10),
-                body_read: Duration::from_secs(30),
-                upstream_connect: Duration::from_secs(2),
-                upstream_first_byte: Duration::from_secs(600),
-                upstream_idle: Duration::from_secs(120),
-                idle_connection: Duration::from_secs(60),
-                client_write: Duration::from_secs(60),
-                orphan_drain: Duration::from_secs(600),
-                shutdown_grace: Duration::from_secs(30),
-            },
-            limits: Limits {
-                max_body_bytes: 16 * 1024 * 1024,
-                max_body_values: 1 << 18,
-                max_concurrent_requests: 4096,
-                max_orphaned_calls: 256,
-                max_connections: 16_384,
-                retry_after_secs: 1,
-                tenant_share: 0.5,
-            },
-            health: Health {
-                eject_after_5xx: 3,
-                ejection: Duration::from_secs(10),
-            },
-            tenants: Tenants {
-                default: Some("default".to_owned()),
-                trusted_header: false,
-                keys: BTreeMap::new(),
-            },
-            recording: Recording {
-                enabled: true,
-                idle_timeout: Duration::from_secs(600),
-                group_timeout: Duration::from_secs(1800),
-                stale_call: Duration::from_secs(3600),
-                completion_lease: Duration::from_secs(60),
-                session_timeout: Duration::from_millis(500),
-                queue_capacity: 8192,
-                queue_bytes: 4 << 20,
-                batch_max: 256,
-                journal_fsync: false,
-                responses_max_bytes: 64 << 20,
-                max_step_bytes: 8 << 20,
-                redact: Vec::new(),
-            },
-            admin: Admin {
-                token: None,
-                tenant_tokens: BTreeMap::new(),
-                listen: None,
-            },
-            agent_api: crate::layers::agent_api::AgentApiConfig::default(),
-            routing: crate::policy::Routing::default(),
-            log: Log {
-                format: LogFormat::Text,
-                filter: "info".to_owned(),
-            },
+            timeouts: Timeouts::default(),
+            limits: Limits::default(),
+            health: Health::default(),
+            tenants: Tenants::default(),
+            recording: Recording::default(),
+            admin: Admin::default(),
+            agent_api: crate::data_plane::layers::agent_api::AgentApiConfig::default(),
+            routing: crate::data_plane::policy::Routing::default(),
+            log: Log::default(),
             filters: clawback_filters::FiltersConfig::default(),
             claw_r1: ClawR1::default(),
         }
@@ -457,6 +157,15 @@ fn is_env_key(key: &str) -> bool {
 }
 
 impl Config {
+    /// Where the datapool is.
+    pub fn store(&self) -> crate::data_plane::store::Location<'_> {
+        crate::data_plane::store::Location {
+            redis: self.redis.as_deref(),
+            redis_cluster: self.redis_cluster,
+            data_dir: &self.data_dir,
+        }
+    }
+
     /// Defaults, then the file (if any), then the environment, then the overrides.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
@@ -484,10 +193,10 @@ impl Config {
             ));
         }
         for url in &self.upstreams {
-            crate::upstream::UpstreamUrl::parse(url)
+            crate::data_plane::upstream::UpstreamUrl::parse(url)
                 .map_err(|e| ConfigError::Semantic(format!("`upstreams`: {e}")))?;
         }
-        crate::tenant::TenantResolver::new(&self.tenants)
+        crate::data_plane::tenant::TenantResolver::new(&self.tenants)
             .map_err(|e| ConfigError::Semantic(format!("`tenants`: {e}")))?;
         for (i, rule) in self.recording.redact.iter().enumerate() {
             regex::Regex::new(&rule.pattern).map_err(|e| {
@@ -495,7 +204,7 @@ impl Config {
             })?;
         }
         self.routing.check().map_err(ConfigError::Semantic)?;
-        crate::layers::agent_api::AllowList::new(&self.agent_api)
+        crate::data_plane::layers::agent_api::AllowList::new(&self.agent_api)
             .map_err(|e| ConfigError::Semantic(e.to_string()))?;
         if self.filters.dir.is_some() && !self.recording.enabled {
             return Err(ConfigError::Semantic(
@@ -503,7 +212,7 @@ impl Config {
                     .to_owned(),
             ));
         }
-        crate::handshake::auth::AdminAuth::new(&self.admin)
+        crate::control_plane::handshake::auth::AdminAuth::new(&self.admin)
             .map_err(|e| ConfigError::Semantic(format!("`admin.tenant_tokens`: {e}")))?;
         if let Some(token) = &self.admin.token {
             if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -563,6 +272,8 @@ fn toml_string(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -1,32 +1,23 @@
 //! clawback's sidecar: an OpenAI-compatible proxy that sits next to an agent, forwards every
 //! call to the inference backend and streams the answer straight back.
 //!
-//! The request path is written down once, in [`app`].
+//! Two planes, one way:
+//! - [`data_plane`]: what every agent call goes through — the listener, the layers, reading and
+//!   routing the body, forwarding and relaying, capturing the engine's tokens, joining the call
+//!   to its trajectory and recording it. It imports nothing of the control plane nor of the
+//!   composition root.
+//! - [`control_plane`]: what operators and rollout code call — the handshake/admin API and its
+//!   viewer, the policy listing, the export, Claw-R1's trajectory routes. It reads the data
+//!   plane through narrow handles ([`control_plane::Handles`]: the recorder, the tenants, the
+//!   policy router), never through the whole [`app::App`].
+//!
+//! The composition root puts them together: [`config`] (the file's schema, each section owned
+//! by the part that reads it), [`app`] (the request path assembled, written down once) and
+//! [`cli`]. `tests/planes.rs` holds the rule.
 
-pub mod agent_json;
-pub mod anthropic;
 pub mod app;
-pub mod body;
-pub mod capture;
-pub mod claw_r1;
 pub mod cli;
 pub mod config;
-pub mod error;
-pub mod export;
-pub mod filters;
-pub mod forward;
-pub mod handshake;
-pub mod layers;
-pub mod metrics;
-pub mod policy;
-pub mod recorder;
-pub mod relay;
-pub mod route;
-pub mod server;
-pub mod session;
-pub mod share;
-pub mod store;
+pub mod control_plane;
+pub mod data_plane;
 pub mod telemetry;
-pub mod tenant;
-pub mod ui;
-pub mod upstream;

@@ -1,9 +1,34 @@
 //! Logging setup. Logs go to stderr as text or JSON lines; request and response bodies and
 //! `Authorization` values are never logged.
 
+use serde::{Deserialize, Serialize};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Log, LogFormat};
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    pub format: LogFormat,
+    /// A `tracing` filter such as `info` or `clawback_sidecar=debug,info`.
+    pub filter: String,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            filter: "info".to_owned(),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid log filter {filter:?}: {source}")]

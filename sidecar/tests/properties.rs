@@ -9,12 +9,13 @@
 //!   and nothing with an engine control word is ever allowed.
 
 use clawback_datapool::{Endpoint, TenantId};
-use clawback_sidecar::capture::SseSplitter;
-use clawback_sidecar::layers::agent_api::{is_engine_control, AgentApiConfig, AllowList};
-use clawback_sidecar::recorder::request;
-use clawback_sidecar::route::Route;
-use clawback_sidecar::session::canonical::HistoryHasher;
-use clawback_sidecar::session::explicit::Hints;
+use clawback_sidecar::data_plane::capture::SseSplitter;
+use clawback_sidecar::data_plane::layers::agent_api::{
+    is_engine_control, AgentApiConfig, AllowList,
+};
+use clawback_sidecar::data_plane::recorder::request;
+use clawback_sidecar::data_plane::session::canonical::HistoryHasher;
+use clawback_sidecar::data_plane::session::explicit::Hints;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -269,7 +270,9 @@ proptest! {
     ) {
         let method = http::Method::from_bytes(method.as_bytes()).unwrap();
         let allow = AllowList::new(&AgentApiConfig::default()).unwrap();
-        if let Route::Api { upstream_path, .. } = Route::classify(&method, &path, query.as_deref()) {
+        // The whole door: the control plane's routes (Claw-R1's base URLs among them) too.
+        let route = clawback_sidecar::app::classify(&method, &path, query.as_deref());
+        if let Some(upstream_path) = route.upstream_path() {
             prop_assert!(upstream_path.starts_with("/v1"));
             let bare = upstream_path.split('?').next().unwrap_or_default();
             if is_engine_control(bare) {

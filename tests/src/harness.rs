@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clawback_sidecar::app::App;
 use clawback_sidecar::config::Config;
-use clawback_sidecar::server;
+use clawback_sidecar::data_plane::server;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -51,9 +51,13 @@ impl Sidecar {
         }
         let app = App::new(config).await.expect("valid test config");
         let (stop, stopped) = oneshot::channel::<()>();
-        let serving = tokio::spawn(server::serve_on(listeners, Arc::clone(&app), async {
-            let _ = stopped.await;
-        }));
+        let serving = tokio::spawn(clawback_sidecar::app::serve_on(
+            listeners,
+            Arc::clone(&app),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Self {
             addr,
             admin_addr,

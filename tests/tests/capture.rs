@@ -5,8 +5,10 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use clawback_sidecar::capture::{Assembled, Capture, Ending, Endpoint, ResponseCapture};
 use clawback_sidecar::config::UpstreamKind;
+use clawback_sidecar::data_plane::capture::{
+    Assembled, Capture, Ending, Endpoint, ResponseCapture,
+};
 use clawback_tests::engine_json::{self, Reply, EOS_ID};
 
 const ID: &str = "chatcmpl-5e0c2b7f";

@@ -108,7 +108,8 @@ struct Pool {
 async fn pool() -> Pool {
     let dir = scratch_dir("export");
     std::fs::create_dir_all(&dir).unwrap();
-    let store = LocalStore::open(dir.join(clawback_sidecar::store::LOCAL_FILE)).unwrap();
+    let store =
+        LocalStore::open(dir.join(clawback_sidecar::data_plane::store::LOCAL_FILE)).unwrap();
     let acme = tenant("acme");
 
     let weather = recorded(&acme);

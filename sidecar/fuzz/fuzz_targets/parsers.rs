@@ -5,11 +5,12 @@
 #![no_main]
 
 use clawback_datapool::{Endpoint, TenantId};
-use clawback_sidecar::capture::SseSplitter;
-use clawback_sidecar::layers::agent_api::{is_engine_control, AgentApiConfig, AllowList};
-use clawback_sidecar::recorder::request;
-use clawback_sidecar::route::Route;
-use clawback_sidecar::session::canonical::HistoryHasher;
+use clawback_sidecar::data_plane::capture::SseSplitter;
+use clawback_sidecar::data_plane::layers::agent_api::{
+    is_engine_control, AgentApiConfig, AllowList,
+};
+use clawback_sidecar::data_plane::recorder::request;
+use clawback_sidecar::data_plane::session::canonical::HistoryHasher;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -33,7 +34,11 @@ fuzz_target!(|data: &[u8]| {
         }
         hasher.push_reply(&value);
         let _ = hasher.finish();
-        for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions, Endpoint::Responses] {
+        for endpoint in [
+            Endpoint::ChatCompletions,
+            Endpoint::Completions,
+            Endpoint::Responses,
+        ] {
             let messages = request::messages(endpoint, &value);
             let _ = request::step_request(messages, &value);
         }
@@ -42,7 +47,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(path) = std::str::from_utf8(data) {
         let allow = AllowList::new(&AgentApiConfig::default()).expect("the default list");
         for method in [http::Method::GET, http::Method::POST] {
-            if let Route::Api { upstream_path, .. } = Route::classify(&method, path, None) {
+            if let Some(upstream_path) =
+                clawback_sidecar::app::classify(&method, path, None).upstream_path()
+            {
                 let bare = upstream_path.split('?').next().unwrap_or_default();
                 assert!(!(is_engine_control(bare) && allow.allows(&method, bare)));
             }

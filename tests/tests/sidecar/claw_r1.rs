@@ -10,7 +10,7 @@ use clawback_datapool::{
     Consumer, ConsumerName, EvaluationSource, ReadyItem, TenantId, Tokens, TrajectoryId, Verdict,
 };
 use clawback_sidecar::config::Config;
-use clawback_sidecar::tenant::key_hash;
+use clawback_sidecar::data_plane::tenant::key_hash;
 use clawback_tests::harness::{repo_root, run_client, sdk_python as python, test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@ use clawback_datapool::{
     TrajectoryStatus,
 };
 use clawback_sidecar::config::Config;
-use clawback_sidecar::tenant::key_hash;
+use clawback_sidecar::data_plane::tenant::key_hash;
 use clawback_tests::harness::{test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use serde_json::{json, Value};
@@ -638,7 +638,7 @@ async fn a_session_key_from_the_handshake_puts_every_call_in_its_trajectory_and_
     config.admin.token = Some("admin-secret".to_owned());
     config.tenants.default = None;
     config.tenants.keys.insert(
-        clawback_sidecar::tenant::key_hash("sk-acme"),
+        clawback_sidecar::data_plane::tenant::key_hash("sk-acme"),
         "acme".to_owned(),
     );
     let sidecar = Sidecar::start(config).await;

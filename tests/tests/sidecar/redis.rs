@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{RedisConfig, RedisStore, Store, TenantId, TrajectoryStatus};
-use clawback_sidecar::tenant::key_hash;
+use clawback_sidecar::data_plane::tenant::key_hash;
 use clawback_tests::harness::{test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
 use clawback_tests::redis_server::{RedisCluster, RedisServer};

@@ -204,9 +204,9 @@ where
 pub fn alpha_and_bravo(config: &mut clawback_sidecar::config::Config) {
     config.tenants.default = None;
     for (key, tenant) in [("sk-alpha", "alpha"), ("sk-bravo", "bravo")] {
-        config
-            .tenants
-            .keys
-            .insert(clawback_sidecar::tenant::key_hash(key), tenant.to_owned());
+        config.tenants.keys.insert(
+            clawback_sidecar::data_plane::tenant::key_hash(key),
+            tenant.to_owned(),
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clawback_datapool::{Store, TenantId, TrajectoryRecord};
 use clawback_sidecar::config::{Config, Overrides};
-use clawback_sidecar::tenant::key_hash;
+use clawback_sidecar::data_plane::tenant::key_hash;
 use clawback_tests::harness::{test_config, Sidecar};
 use clawback_tests::mock::{Behaviour, Hold, MockUpstream};
 use serde_json::{json, Value};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clawback_datapool::{Store, TenantId, Tokens, TrajectoryRecord};
 use clawback_sidecar::config::UpstreamKind;
-use clawback_sidecar::tenant::key_hash;
+use clawback_sidecar::data_plane::tenant::key_hash;
 use clawback_tests::harness::{
     printed_json, repo_root, run_client, sdk_node_dir, sdk_python, test_config, Sidecar,
 };
@@ -201,7 +201,8 @@ async fn a_message_through_the_sidecar_is_what_vllms_own_messages_endpoint_answe
     let request = json!({"model": MODEL, "max_tokens": 200, "temperature": 0, "tools": tools,
         "tool_choice": {"type": "any"},
         "messages": [{"role": "user", "content": "What's the weather in Oslo?"}]});
-    let chat = clawback_sidecar::anthropic::request::to_chat(&request).expect("translates");
+    let chat =
+        clawback_sidecar::data_plane::anthropic::request::to_chat(&request).expect("translates");
     let direct = post(format!("{vllm_url}/v1/chat/completions"), chat).await;
     let through = post(sidecar.url("/v1/messages"), request).await;
     let calls: Vec<Value> = direct["choices"][0]["message"]["tool_calls"]
@@ -211,7 +212,7 @@ async fn a_message_through_the_sidecar_is_what_vllms_own_messages_endpoint_answe
         .map(|call| {
             let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
             json!({"type": "tool_use", "name": call["function"]["name"],
-                   "input": clawback_sidecar::anthropic::response::tool_input(arguments)})
+                   "input": clawback_sidecar::data_plane::anthropic::response::tool_input(arguments)})
         })
         .collect();
     assert_eq!(comparable(&through)["content"], json!(calls));

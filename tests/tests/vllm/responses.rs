@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clawback_datapool::{Store, TenantId, TrajectoryRecord};
 use clawback_sidecar::config::UpstreamKind;
-use clawback_sidecar::tenant::key_hash;
+use clawback_sidecar::data_plane::tenant::key_hash;
 use clawback_tests::harness::{
     printed_json, repo_root, run_client, sdk_python, test_config, Sidecar,
 };

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use clawback_sidecar::config::UpstreamKind;
-use clawback_sidecar::tenant::key_hash;
+use clawback_sidecar::data_plane::tenant::key_hash;
 use clawback_tests::harness::{scratch_dir, test_config, Sidecar};
 use serde_json::{json, Value};
 

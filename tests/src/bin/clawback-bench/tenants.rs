@@ -88,8 +88,8 @@ pub async fn two_tenants(
         &config,
         format!(
             "[tenants.keys]\n\"{}\" = \"alpha\"\n\"{}\" = \"bravo\"\n",
-            clawback_sidecar::tenant::key_hash(ALPHA_KEY),
-            clawback_sidecar::tenant::key_hash(BRAVO_KEY),
+            clawback_sidecar::data_plane::tenant::key_hash(ALPHA_KEY),
+            clawback_sidecar::data_plane::tenant::key_hash(BRAVO_KEY),
         ),
     )
     .map_err(|e| format!("{}: {e}", config.display()))?;
