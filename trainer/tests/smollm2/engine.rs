@@ -118,6 +118,7 @@ fn answer_tokens(text: &str, stream: bool) -> (Vec<u32>, Vec<u32>, Vec<f64>) {
 /// asks for them on the agent's behalf.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_recorded_ids_and_logprobs_of_the_real_model_are_vllms_own() {
+    let _base_model_only = super::ENGINE_USE.read().await;
     let sidecar = sidecar(true).await;
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
     for (tenant, stream) in [("ids-plain", false), ("ids-stream", true)] {
@@ -225,6 +226,7 @@ fn agreement(step: &Value, key: &str) -> f64 {
 /// here: mean |Δ logprob| about 5e-6, the largest about 6e-5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_trainer_scores_what_vllm_sampled_from_the_real_model_as_vllm_did() {
+    let _base_model_only = super::ENGINE_USE.read().await;
     let sidecar = sidecar(true).await;
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
     let url = sidecar.url("");

@@ -59,6 +59,7 @@ async fn stream_once(client: &reqwest::Client, sidecar: &str, n: usize) -> Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adapters_the_trainer_makes_go_live_in_vllm_while_agents_stream() {
+    let _adapters = super::ENGINE_USE.write().await;
     let engine = started_engine().await;
     let mut config = test_config(std::slice::from_ref(&engine.url));
     config.upstream_kind = UpstreamKind::Vllm;

@@ -54,6 +54,7 @@ async fn chat(client: &reqwest::Client, url: &str, key: &str, body: &[u8]) -> (u
 #[tokio::test]
 async fn a_body_vllm_reads_and_the_sidecar_cannot_is_refused_not_served_on_another_tenants_adapter()
 {
+    let _adapters = super::ENGINE_USE.write().await;
     let engine = started_engine().await;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
