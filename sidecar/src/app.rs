@@ -193,7 +193,6 @@ impl App {
             recorder: recorder.clone(),
             policies: router.as_ref().map(|router| Arc::clone(router.table())),
             tenants: tenants.clone(),
-            default_tenant: config.tenants.default.clone(),
             admin,
             listen: config.listen,
             claw_r1: config.claw_r1.clone(),
@@ -405,12 +404,9 @@ where
             }
         }
         control_plane::Route::ClawR1(route) => {
-            if !control.claw_r1.enabled {
-                return claw_r1::ClawR1Error::Disabled.into_response();
-            }
-            let tenant = match caller_tenant(&app, request.headers()).await {
+            let tenant = match claw_r1_caller(&app, request.headers()).await {
                 Ok(tenant) => tenant,
-                Err(refusal) => return refusal.into_response(),
+                Err(refusal) => return refusal,
             };
             let (parts, body) = request.into_parts();
             match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
@@ -419,6 +415,20 @@ where
             }
         }
     }
+}
+
+/// The tenant a Claw-R1 call acts for; refused when `claw_r1.enabled` is off, before its key is
+/// looked at.
+async fn claw_r1_caller(
+    app: &App,
+    headers: &http::HeaderMap,
+) -> Result<TenantId, Response<ProxyBody>> {
+    if !app.control.claw_r1.enabled {
+        return Err(claw_r1::ClawR1Error::Disabled.into_response());
+    }
+    caller_tenant(app, headers)
+        .await
+        .map_err(ProxyError::into_response)
 }
 
 /// A `/v1` call under a Claw-R1 `base_url`: forwarded as the uid's session once the uid is
@@ -435,12 +445,9 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    if !app.control.claw_r1.enabled {
-        return claw_r1::ClawR1Error::Disabled.into_response();
-    }
-    let tenant = match caller_tenant(&app, request.headers()).await {
+    let tenant = match claw_r1_caller(&app, request.headers()).await {
         Ok(tenant) => tenant,
-        Err(refusal) => return refusal.into_response(),
+        Err(refusal) => return refusal,
     };
     let session = match claw_r1::admit_api(&app.control, &tenant, uid, prompt).await {
         Ok(session) => session,

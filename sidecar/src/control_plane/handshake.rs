@@ -243,7 +243,10 @@ fn named_tenant(
     scope: &Scope,
     named: Option<String>,
 ) -> Result<TenantId, HandshakeError> {
-    scope.tenant(named, control.default_tenant.as_deref())
+    scope.tenant(
+        named,
+        control.tenants.default_tenant().map(TenantId::as_str),
+    )
 }
 
 /// The tenant of trajectory `id`: the live trajectory's own, else the one named (or default).

@@ -23,10 +23,8 @@ pub struct Handles {
     pub recorder: Option<Arc<Recorder>>,
     /// Every tenant's live policy; `None` when routing is off.
     pub policies: Option<Arc<PolicyTable>>,
-    /// The tenants the sidecar's keys name.
+    /// The tenants the sidecar's keys name, and the default tenant.
     pub tenants: TenantResolver,
-    /// `tenants.default`.
-    pub default_tenant: Option<String>,
     /// The admin API's tokens and their scopes.
     pub admin: handshake::auth::AdminAuth,
     /// The agent port's address: the root of the URLs handed out when a call names no `Host`.

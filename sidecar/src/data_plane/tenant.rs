@@ -123,6 +123,11 @@ impl TenantResolver {
         })
     }
 
+    /// The tenant of calls whose key is not configured (`tenants.default`), if any.
+    pub fn default_tenant(&self) -> Option<&TenantId> {
+        self.default.as_ref()
+    }
+
     /// The tenants this configuration names (the default and those of API keys).
     pub fn known(&self) -> Vec<TenantId> {
         let mut known: Vec<TenantId> = self
