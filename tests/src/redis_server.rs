@@ -70,12 +70,23 @@ impl RedisServer {
         }
     }
 
+    /// Started on `port`, or on another free port if that one was taken in the meantime (by
+    /// another test's server: a port is free when picked, not when the server binds it).
     fn start_with(port: u16, extra: Vec<String>) -> Self {
         let mut server = RedisServer {
             port,
             child: None,
             extra,
         };
+        for _ in 0..3 {
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(exited) => {
+                    eprintln!("{exited}; trying another port");
+                    server.port = free_port();
+                }
+            }
+        }
         server.restart();
         server
     }
@@ -94,6 +105,14 @@ impl RedisServer {
 
     /// Starts the server again on the same port (empty: it keeps nothing on disk).
     pub fn restart(&mut self) {
+        if let Err(exited) = self.spawn() {
+            panic!("{exited}");
+        }
+    }
+
+    /// Starts the server on its port and waits until it answers; `Err` says how it exited if
+    /// it did instead (e.g. the port was taken).
+    fn spawn(&mut self) -> Result<(), String> {
         self.kill();
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
@@ -110,9 +129,21 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("redis-server: {e}"));
         self.child = Some(child);
         let port = self.port;
-        wait_until("redis-server answers PING", Duration::from_secs(20), || {
-            ping(port)
+        let mut exited = None;
+        wait_until("redis-server answers PING", Duration::from_secs(30), || {
+            exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            exited.is_some() || ping(port)
         });
+        match exited {
+            Some(status) => {
+                self.child = None;
+                Err(format!("redis-server on port {port} exited: {status}"))
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -184,10 +215,14 @@ fn durable_args(dir: &Path) -> Vec<String> {
     .to_vec()
 }
 
+/// A cluster node's arguments; its bus port is a free port of its own (Redis's default, the
+/// node's port + 10,000, is past 65,535 for ports above 55,535, which loopback hands out).
 fn cluster_args(conf: &Path, dir: &Path) -> Vec<String> {
     vec![
         "--cluster-enabled".into(),
         "yes".into(),
+        "--cluster-port".into(),
+        free_port().to_string(),
         "--cluster-config-file".into(),
         conf.display().to_string(),
         "--dir".into(),

@@ -458,7 +458,9 @@ async fn the_handshake_api_opens_completes_and_shows_a_trajectory() {
     assert_eq!(unknown.status(), 404);
 }
 
-/// Every step of `tenant`, grouped by trajectory, once there are `steps` of them.
+/// Every step of `tenant`, grouped by trajectory, once there are `steps` of them and every step
+/// that another followed has its next state (the recorder writes a next state after the steps of
+/// its round, so the steps alone can be seen before it).
 async fn steps_by_trajectory(
     store: &Arc<dyn Store>,
     tenant: &TenantId,
@@ -469,7 +471,11 @@ async fn steps_by_trajectory(
         async move {
             let all = records(&store, &tenant).await;
             let stored: usize = all.iter().map(|r| r.steps.len()).sum();
-            (stored == steps).then_some(all)
+            let settled = all.iter().all(|r| {
+                let followed = &r.steps[..r.steps.len().saturating_sub(1)];
+                followed.iter().all(|s| s.next_state.is_some())
+            });
+            (stored == steps && settled).then_some(all)
         }
     })
     .await
