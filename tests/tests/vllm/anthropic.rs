@@ -52,6 +52,7 @@ async fn trajectories(store: &Arc<dyn Store>, count: usize) -> Vec<TrajectoryRec
 #[tokio::test(flavor = "multi_thread")]
 async fn the_python_sdk_is_served_by_vllm_and_its_tool_session_is_one_trajectory_with_exact_tokens()
 {
+    let _engine = super::share().await;
     let sidecar = sidecar().await;
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
     let mut command = Command::new(sdk_python());
@@ -158,6 +159,7 @@ fn comparable(message: &Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_through_the_sidecar_is_what_vllms_own_messages_endpoint_answers() {
+    let _engine = super::share().await;
     let sidecar = sidecar().await;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
@@ -221,6 +223,7 @@ async fn a_message_through_the_sidecar_is_what_vllms_own_messages_endpoint_answe
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_typescript_sdk_streams_tool_use_from_vllm_through_the_sidecar() {
+    let _engine = super::share().await;
     let sidecar = sidecar().await;
     let dir = sdk_node_dir();
     let mut command = Command::new("node");
@@ -236,6 +239,7 @@ async fn the_typescript_sdk_streams_tool_use_from_vllm_through_the_sidecar() {
 /// and is recorded text-only, as the chat messages it stands for.
 #[tokio::test(flavor = "multi_thread")]
 async fn towards_an_anthropic_upstream_messages_pass_through_and_are_recorded_as_text() {
+    let _engine = super::share().await;
     let mut config = test_config(&[vllm::shared().url.clone()]);
     config.upstream_kind = UpstreamKind::Anthropic;
     let sidecar = Sidecar::start(config).await;

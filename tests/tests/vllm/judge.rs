@@ -17,6 +17,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_judge_plugins_ask_the_real_vllm_and_read_what_it_answers() {
+    let _engine = super::share().await;
     let plugins = scratch_dir("judge-plugins");
     std::fs::create_dir_all(&plugins).expect("plugin dir");
     for name in ["judge_vote", "hint_extractor"] {

@@ -9,7 +9,7 @@ mod judge;
 mod pool;
 mod responses;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use clawback_datapool::{Store, TenantId, Tokens, TrajectoryRecord};
@@ -18,6 +18,24 @@ use clawback_tests::harness::{test_config, Sidecar};
 use clawback_tests::shape;
 use clawback_tests::vllm::{self, MODEL};
 use serde_json::{json, Value};
+use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// This binary's tests share one engine, a test per core at a time. vLLM puts several tokens in
+/// one chunk when its event loop lags, and beside another test's calls it lagged on all five
+/// tries of one comparison in a CI run (2026-12-04): the tests that compare what the agent gets
+/// through the sidecar with vLLM's own answer chunk for chunk hold the engine [`alone`]; the
+/// others [`share`] it.
+static ENGINE_USE: LazyLock<RwLock<()>> = LazyLock::new(|| RwLock::new(()));
+
+/// The engine, beside the other tests that share it.
+pub(crate) async fn share() -> RwLockReadGuard<'static, ()> {
+    ENGINE_USE.read().await
+}
+
+/// The engine, with no other test's calls beside this one's.
+async fn alone() -> RwLockWriteGuard<'static, ()> {
+    ENGINE_USE.write().await
+}
 
 async fn sidecar() -> Sidecar {
     let mut config = test_config(&[vllm::shared().url.clone()]);
@@ -118,6 +136,7 @@ fn chat(content: &str, extra: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plain_answer_with_the_agents_own_logprobs_keeps_vllms_bytes() {
+    let _engine = alone().await;
     let sidecar = sidecar().await;
     for i in 0..4 {
         let request = chat(
@@ -158,6 +177,7 @@ async fn assert_same_answer(sidecar: &Sidecar, path: &str, request: &Value) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_endpoint_reaches_the_agent_as_vllm_answers_it_streams_chunk_for_chunk() {
+    let _engine = alone().await;
     let sidecar = sidecar().await;
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Current weather for a city.",
@@ -249,6 +269,7 @@ async fn recorded(store: &Arc<dyn Store>, session: &str) -> TrajectoryRecord {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_recorded_ids_and_logprobs_are_vllms_own() {
+    let _engine = share().await;
     let sidecar = sidecar().await;
     let vllm = &vllm::shared().url;
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
@@ -311,6 +332,7 @@ async fn the_recorded_ids_and_logprobs_are_vllms_own() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_immediate_eos_is_recorded_as_an_empty_reply_not_a_null_one() {
+    let _engine = share().await;
     let sidecar = sidecar().await;
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
     // The tiny model's EOS (`<|im_end|>`, id 258) made certain.
@@ -346,6 +368,7 @@ async fn an_immediate_eos_is_recorded_as_an_empty_reply_not_a_null_one() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tool_call_from_vllms_hermes_parser_is_recorded_whole_streamed_or_not() {
+    let _engine = share().await;
     let sidecar = sidecar().await;
     let vllm = &vllm::shared().url;
     let store = Arc::clone(sidecar.app.recorder.as_ref().expect("recording").store());
@@ -392,6 +415,7 @@ async fn a_tool_call_from_vllms_hermes_parser_is_recorded_whole_streamed_or_not(
 /// chunks. Values (text, ids, logprobs) differ: the models do.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_mock_engine_answers_in_the_shapes_vllm_sends() {
+    let _engine = share().await;
     let mock = clawback_tests::mock::MockUpstream::start().await;
     assert_shapes_match("mock", &mock.url()).await;
 }
@@ -400,6 +424,7 @@ async fn the_mock_engine_answers_in_the_shapes_vllm_sends() {
 /// answers in vLLM's shapes too.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_reference_backend_answers_in_the_shapes_vllm_sends() {
+    let _engine = share().await;
     let dir = vllm::shared().model_dir.clone();
     let reference = tokio::task::spawn_blocking(move || vllm::start_reference(&dir))
         .await

@@ -18,6 +18,7 @@ use clawback_tests::vllm::{self, MODEL};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_replicas_behind_nginx_record_an_agents_tool_session_as_one_trajectory() {
+    let _engine = super::share().await;
     let redis = RedisServer::start();
     let replica = || {
         let mut config = test_config(&[vllm::shared().url.clone()]);

@@ -41,6 +41,7 @@ async fn one_trajectory(store: &Arc<dyn Store>, steps: usize) -> TrajectoryRecor
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_previous_response_id_session_is_served_by_vllm_and_recorded_whole_as_one_trajectory() {
+    let _engine = super::share().await;
     let mut config = test_config(&[vllm::shared().url.clone()]);
     config.upstream_kind = UpstreamKind::Vllm;
     config.tenants.default = None;
