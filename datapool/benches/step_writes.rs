@@ -1,13 +1,15 @@
 //! Sustained step writes into one Redis (`CLAWBACK_BENCH_REDIS`, default 127.0.0.1:6379): the
 //! recorder's batch writer appending batches of 128 steps of about 4 kB and 64 kB, spread over 8
-//! new trajectories per batch, with the tenant caps trimming as they would in production.
-//! Throughput is reported in steps/s. Aim: ≥ 20k steps/s of 4 kB.
+//! new trajectories per batch, with the tenant caps trimming as they would in production. The
+//! steps come encoded, as the writer gets them (the recorder encodes a step once, when its call
+//! ends); `encode_steps` times that encoding apart. Throughput is reported in steps/s. Aim:
+//! ≥ 20k steps/s of 4 kB.
 
 use std::time::Duration;
 
 use clawback_datapool::example::tool_use_trajectory;
 use clawback_datapool::{
-    Caps, RedisConfig, RedisStore, Step, StepId, Store, TenantId, TrajectoryId,
+    Caps, EncodedStep, RedisConfig, RedisStore, Step, StepId, Store, TenantId, TrajectoryId,
 };
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -40,6 +42,14 @@ fn batch(template: &Step) -> Vec<Step> {
             s.index = (i / TRAJECTORIES_PER_BATCH) as u32;
             s
         })
+        .collect()
+}
+
+/// The steps as the recorder hands them to its writer.
+fn encode(steps: &[Step]) -> Vec<EncodedStep> {
+    steps
+        .iter()
+        .map(|s| EncodedStep::encode(s).unwrap_or_else(|e| panic!("encode: {e}")))
         .collect()
 }
 
@@ -84,26 +94,41 @@ fn step_writes(c: &mut Criterion) {
         .block_on(RedisStore::connect(&config))
         .unwrap_or_else(|e| panic!("connect: {e}"));
 
+    let sizes = [("4kB", 4 << 10), ("64kB", 64 << 10)];
     let mut group = c.benchmark_group("append_steps");
     group
         .sample_size(10)
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(8))
         .throughput(Throughput::Elements(BATCH as u64));
-    for (label, size) in [("4kB", 4 << 10), ("64kB", 64 << 10)] {
+    for (label, size) in sizes {
         let template = template(&tenant, size);
         group.bench_with_input(BenchmarkId::new("steps", label), &template, |b, t| {
             b.to_async(&rt).iter_batched(
-                || batch(t),
+                || encode(&batch(t)),
                 |steps| {
                     let store = &store;
                     async move {
                         store
-                            .append_steps(&steps)
+                            .append_encoded_steps(&steps)
                             .await
                             .unwrap_or_else(|e| panic!("append: {e}"))
                     }
                 },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("encode_steps");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for (label, size) in sizes {
+        let template = template(&tenant, size);
+        group.bench_with_input(BenchmarkId::new("steps", label), &template, |b, t| {
+            b.iter_batched(
+                || batch(t),
+                |steps| encode(&steps),
                 criterion::BatchSize::SmallInput,
             )
         });

@@ -2,6 +2,7 @@
 //!
 //! - [`schema`]: [`Trajectory`], [`Step`], [`Evaluation`], [`Group`], [`PolicyVersion`] (see
 //!   `SCHEMA.md`);
+//! - [`EncodedStep`]: a step serialised once, as the journal, the spool and the stores carry it;
 //! - [`Store`]: what the recorder writes and the trainer reads, implemented by [`RedisStore`]
 //!   (Redis Streams, one Redis or a cluster), [`LocalStore`] (SQLite: the embedded default and the
 //!   spool) and [`SpooledStore`] (Redis, falling back to a local spool while Redis is away);
@@ -10,12 +11,14 @@
 //! - [`reward`]: how evaluations combine into the rewards and hints a trainer learns from.
 
 mod codec;
+pub mod encoded;
 pub mod error;
 pub mod example;
 pub mod ids;
 pub mod keys;
 pub mod local_sessions;
 pub mod local_store;
+pub mod packed;
 mod redis_scripts;
 mod redis_session_scripts;
 mod redis_sessions;
@@ -25,7 +28,9 @@ pub mod schema;
 pub mod sessions;
 pub mod spool;
 pub mod store;
+pub mod write_op;
 
+pub use encoded::EncodedStep;
 pub use error::{Error, Result};
 pub use ids::{EvaluationId, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 pub use local_sessions::LocalSessions;
@@ -36,8 +41,9 @@ pub use sessions::{
     Anchor, Finish, Finishing, Join, Joined, KeyedSession, Matched, Prefix, Previous, Sessions,
     StepDone, StepSlot, StitchKey, Timing,
 };
-pub use spool::{SpoolConfig, SpoolStats, SpooledStore, WriteOp};
+pub use spool::{SpoolConfig, SpoolStats, SpooledStore};
 pub use store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
     DeliveryId, ReadyItem, Store,
 };
+pub use write_op::WriteOp;

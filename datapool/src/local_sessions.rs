@@ -8,11 +8,12 @@
 //! turns and see each other's state whole.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use tokio::sync::Mutex;
 
 use crate::codec::parse_stored;
 use crate::error::Result;
@@ -98,10 +99,10 @@ impl LocalSessions {
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
     {
-        let conn = Arc::clone(&self.conn);
+        // The connection first, then a blocking thread (as `LocalStore::with`).
+        let mut conn = Arc::clone(&self.conn).lock_owned().await;
         tokio::task::spawn_blocking(move || {
-            let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
-            let tx = guard.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = f(&tx)?;
             tx.commit()?;
             Ok(out)

@@ -8,13 +8,15 @@
 //! Per-tenant caps are not enforced here: the embedded store is bounded by its disk.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use tokio::sync::Mutex;
 
 use crate::codec::{decode, encode, parse_stored};
+use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::schema::{
@@ -113,14 +115,12 @@ impl LocalStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || {
-            // A panic while holding the lock leaves SQLite itself consistent (transactions roll
-            // back on drop), so a poisoned lock is safe to take over.
-            let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut guard)
-        })
-        .await?
+        // The connection is taken before a blocking thread is: callers wait their turn as tasks,
+        // so many calls at once hold one thread, not one parked thread each (each with its
+        // stack and its allocator's cache). A panic in `f` releases the lock as it unwinds;
+        // SQLite stays consistent (transactions roll back on drop).
+        let mut conn = Arc::clone(&self.conn).lock_owned().await;
+        tokio::task::spawn_blocking(move || f(&mut conn)).await?
     }
 
     /// Appends operations to the spool, in order.
@@ -359,22 +359,23 @@ impl Store for LocalStore {
         .await
     }
 
-    async fn append_steps(&self, steps: &[Step]) -> Result<()> {
-        let rows = steps
+    async fn append_encoded_steps(&self, steps: &[EncodedStep]) -> Result<()> {
+        // The rows' JSON shared, not copied: the statement binds it where it lies.
+        let rows: Vec<(String, String, String, EncodedStep)> = steps
             .iter()
             .map(|s| {
-                Ok((
-                    s.tenant.to_string(),
-                    s.trajectory.to_string(),
-                    s.id.to_string(),
-                    encode("step", s)?,
-                ))
+                (
+                    s.tenant().to_string(),
+                    s.trajectory().to_string(),
+                    s.id().to_string(),
+                    s.clone(),
+                )
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
         // Each trajectory once: a completion may wait for these steps.
         let trajectories: std::collections::BTreeSet<(TenantId, TrajectoryId)> = steps
             .iter()
-            .map(|s| (s.tenant.clone(), s.trajectory))
+            .map(|s| (s.tenant().clone(), s.trajectory()))
             .collect();
         self.with(move |c| {
             let tx = c.transaction()?;
@@ -385,8 +386,8 @@ impl Store for LocalStore {
                      SELECT ?1, ?2, ?3, ?4 WHERE NOT EXISTS (
                          SELECT 1 FROM steps WHERE tenant = ?1 AND trajectory = ?2 AND step_id = ?3)",
                 )?;
-                for (tenant, traj, id, json) in &rows {
-                    insert.execute(params![tenant, traj, id, json])?;
+                for (tenant, traj, id, step) in &rows {
+                    insert.execute(params![tenant, traj, id, step.json()])?;
                 }
             }
             // A completion that waited for these steps (another replica's) takes effect now.

@@ -29,6 +29,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tracing::{debug, warn};
 
 use crate::codec::{decode, encode, parse_stored};
+use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::keys;
@@ -88,7 +89,10 @@ pub struct Caps {
     pub max_steps_per_trajectory: u64,
     /// Total steps a tenant keeps before its oldest trajectories are deleted.
     pub max_steps_per_tenant: u64,
-    /// Total step bytes (serialized JSON) a tenant keeps before its oldest trajectories are deleted.
+    /// Total step bytes a tenant keeps before its oldest trajectories are deleted: the bytes as
+    /// stored, token ids and logprobs packed (schema version 2): a completion's logprobs take
+    /// about a quarter of their plain JSON's bytes, token ids about nine tenths, so a cap holds
+    /// more steps than it did with version 1's arrays.
     pub max_bytes_per_tenant: u64,
     /// `MAXLEN ~` of a tenant's ready stream.
     pub max_ready_entries: u64,
@@ -200,29 +204,32 @@ impl RedisStore {
     /// read-only replica): it refuses them as they are queued and discards the transaction, so a
     /// write retried later lands once. Once it landed, a failure to trim is logged, not returned:
     /// the append is done, and the next one trims again.
-    async fn append_tenant_steps(&self, tenant: &TenantId, steps: &[&Step]) -> Result<()> {
+    async fn append_tenant_steps(&self, tenant: &TenantId, steps: &[&EncodedStep]) -> Result<()> {
         // Per-trajectory totals, so the counters are bumped once per batch, not once per step.
         let mut per_traj: Vec<(TrajectoryId, i64, i64)> = Vec::new();
         let (mut total_steps, mut total_bytes) = (0i64, 0i64);
         let mut pipe = redis::pipe();
         pipe.atomic();
         for step in steps {
-            let json = encode("step", step)?;
+            let json = step.json();
             let len = json.len() as i64;
             pipe.cmd("XADD")
-                .arg(keys::steps(tenant, &step.trajectory))
+                .arg(keys::steps(tenant, &step.trajectory()))
                 .arg("MAXLEN")
                 .arg("~")
                 .arg(self.caps.max_steps_per_trajectory)
                 .arg("*")
                 .arg("id")
-                .arg(step.id.to_string())
+                .arg(step.id().to_string())
                 .arg("json")
                 .arg(json)
                 .ignore();
-            match per_traj.iter_mut().find(|(t, _, _)| *t == step.trajectory) {
+            match per_traj
+                .iter_mut()
+                .find(|(t, _, _)| *t == step.trajectory())
+            {
                 Some((_, n, b)) => (*n, *b) = (*n + 1, *b + len),
-                None => per_traj.push((step.trajectory, 1, len)),
+                None => per_traj.push((step.trajectory(), 1, len)),
             }
             (total_steps, total_bytes) = (total_steps + 1, total_bytes + len);
         }
@@ -512,9 +519,9 @@ impl Store for RedisStore {
         self.register_tenant(tenant).await
     }
 
-    async fn append_steps(&self, steps: &[Step]) -> Result<()> {
+    async fn append_encoded_steps(&self, steps: &[EncodedStep]) -> Result<()> {
         // One pipeline per tenant: a cluster pipeline must stay on one slot.
-        for (tenant, steps) in by_tenant(steps, |s| &s.tenant) {
+        for (tenant, steps) in by_tenant(steps, EncodedStep::tenant) {
             self.append_tenant_steps(tenant, &steps).await?;
         }
         Ok(())

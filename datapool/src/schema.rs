@@ -12,9 +12,11 @@ use serde_json::{Map, Value};
 
 use crate::error::Error;
 use crate::ids::{EvaluationId, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
+use crate::packed;
 
-/// The schema version this build writes and the newest it reads.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The schema version this build writes and the newest it reads. 2: stored steps keep their
+/// token ids and logprobs packed ([`crate::packed`]), which a reader of version 1 cannot read.
+pub const SCHEMA_VERSION: u32 = 2;
 
 fn schema_version() -> u32 {
     SCHEMA_VERSION
@@ -315,16 +317,30 @@ pub enum Tokens {
     None,
 }
 
-/// Token ids and logprobs as the engine sampled them.
+/// Token ids and logprobs as the engine sampled them. The stores keep them packed
+/// ([`crate::packed`]); every reader takes either form.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineTokens {
     /// vLLM's top-level `prompt_token_ids` (the chat template applied by the engine).
+    #[serde(
+        serialize_with = "packed::write_ids",
+        deserialize_with = "packed::read_ids"
+    )]
     pub prompt_token_ids: Vec<u32>,
     /// vLLM's `choices[0].token_ids`, EOS included when the engine sampled it.
+    #[serde(
+        serialize_with = "packed::write_ids",
+        deserialize_with = "packed::read_ids"
+    )]
     pub completion_token_ids: Vec<u32>,
     /// `choices[0].logprobs.content`, one entry per completion token; empty when the engine
     /// returned none. Raw (pre-temperature) unless the engine ran `processed_logprobs`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "packed::write_logprobs",
+        deserialize_with = "packed::read_logprobs"
+    )]
     pub completion_logprobs: Vec<TokenLogprob>,
 }
 

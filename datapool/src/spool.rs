@@ -20,19 +20,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::local_store::LocalStore;
 use crate::redis_store::RedisStore;
 use crate::schema::CompletionReason;
-use crate::schema::{
-    Evaluation, Group, NextState, PolicyVersion, Step, Trajectory, TrajectoryRecord,
-};
+use crate::schema::{Evaluation, Group, NextState, PolicyVersion, Trajectory, TrajectoryRecord};
 use crate::sessions::{
     Finish, Finishing, Join, Joined, KeyedSession, Sessions, StepDone, StepSlot, Timing,
 };
@@ -40,57 +38,7 @@ use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
     DeliveryId, Store,
 };
-
-/// A recorder write, as it is journaled in the spool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum WriteOp {
-    UpsertTrajectory {
-        trajectory: Trajectory,
-    },
-    AppendSteps {
-        steps: Vec<Step>,
-    },
-    SetNextState {
-        tenant: TenantId,
-        trajectory: TrajectoryId,
-        step: StepId,
-        next_state: NextState,
-    },
-    AppendEvaluations {
-        evaluations: Vec<Evaluation>,
-    },
-    CompleteTrajectory {
-        request: Complete,
-    },
-}
-
-impl WriteOp {
-    /// Applies the write to `store`; what a completion enqueued, for completions.
-    pub async fn apply<S: Store + ?Sized>(&self, store: &S) -> Result<Option<Completed>> {
-        match self {
-            WriteOp::UpsertTrajectory { trajectory } => store.upsert_trajectory(trajectory).await?,
-            WriteOp::AppendSteps { steps } => store.append_steps(steps).await?,
-            WriteOp::SetNextState {
-                tenant,
-                trajectory,
-                step,
-                next_state,
-            } => {
-                store
-                    .set_next_state(tenant, trajectory, step, next_state)
-                    .await?
-            }
-            WriteOp::AppendEvaluations { evaluations } => {
-                store.append_evaluations(evaluations).await?
-            }
-            WriteOp::CompleteTrajectory { request } => {
-                return store.complete_trajectory(request).await.map(Some)
-            }
-        }
-        Ok(None)
-    }
-}
+use crate::write_op::WriteOp;
 
 /// How the spool replays.
 #[derive(Clone, Copy, Debug)]
@@ -294,7 +242,7 @@ impl Store for SpooledStore {
         .map(drop)
     }
 
-    async fn append_steps(&self, steps: &[Step]) -> Result<()> {
+    async fn append_encoded_steps(&self, steps: &[EncodedStep]) -> Result<()> {
         self.write(WriteOp::AppendSteps {
             steps: steps.to_vec(),
         })

@@ -18,6 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{is_key_safe, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::schema::{
@@ -33,9 +34,19 @@ pub trait Store: Send + Sync {
     async fn upsert_trajectory(&self, trajectory: &Trajectory) -> Result<()>;
 
     /// Appends steps, in order, to their trajectories (which may be many, of many tenants): the
-    /// recorder's batch writer hands over one batch per call. Steps of unknown trajectories are
-    /// stored, but such a trajectory shows up only once it is upserted.
-    async fn append_steps(&self, steps: &[Step]) -> Result<()>;
+    /// recorder's batch writer hands over one batch per round, of steps it serialised once.
+    /// Steps of unknown trajectories are stored, but such a trajectory shows up only once it is
+    /// upserted.
+    async fn append_encoded_steps(&self, steps: &[EncodedStep]) -> Result<()>;
+
+    /// [`Store::append_encoded_steps`] for steps not serialised yet.
+    async fn append_steps(&self, steps: &[Step]) -> Result<()> {
+        let encoded = steps
+            .iter()
+            .map(EncodedStep::encode)
+            .collect::<Result<Vec<_>>>()?;
+        self.append_encoded_steps(&encoded).await
+    }
 
     /// Records what followed `step`: the messages the next call added.
     async fn set_next_state(

@@ -1,5 +1,6 @@
-//! What the journal adds to the end of a recorded response: the call's record serialised and
-//! appended (page cache, no fsync) before the relay lets the agent see the end of its answer —
+//! What the journal adds to the end of a recorded response: the call's step serialised (once: the
+//! datapool stores the same bytes), its record put together and appended (page cache, no fsync)
+//! before the relay lets the agent see the end of its answer —
 //! for the load harness's call (a 4 kB request with 3 tools, a 1 kB answer of 256 engine token
 //! ids with a logprob each, the previous step's next state) and for a long agent session
 //! (40 kB of history). Criterion's mean, and p50 / p99 / max over 20 000 appends printed beside
@@ -9,14 +10,14 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use clawback_datapool::example::tool_use_trajectory;
-use clawback_datapool::{TenantId, WriteOp};
+use clawback_datapool::{EncodedStep, Step, TenantId, WriteOp};
 use clawback_sidecar::data_plane::recorder::journal::{self, Journal};
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::json;
 
-/// One call's writes as the recorder journals them: the previous step's next state and the
-/// step, its history padded to about `history` bytes.
-fn record(history: usize) -> Vec<WriteOp> {
+/// One call's writes: the previous step's next state and the step, its history padded to about
+/// `history` bytes.
+fn call(history: usize) -> (WriteOp, Step) {
     let tenant = TenantId::new("bench").unwrap_or_else(|e| panic!("{e}"));
     let example = tool_use_trajectory(tenant.clone());
     let mut step = example.steps[0].clone();
@@ -51,13 +52,20 @@ fn record(history: usize) -> Vec<WriteOp> {
         messages: vec![json!({"role": "tool", "tool_call_id": "call_1", "content": "18 C"})],
         observed_at: clawback_datapool::UnixMs::now(),
     };
+    let next_state = WriteOp::SetNextState {
+        tenant,
+        trajectory: step.trajectory,
+        step: step.id,
+        next_state,
+    };
+    (next_state, step)
+}
+
+/// The call's record as the recorder journals it, its step serialised.
+fn record(next_state: &WriteOp, step: &Step) -> Vec<WriteOp> {
+    let step = EncodedStep::encode(step).unwrap_or_else(|e| panic!("{e}"));
     vec![
-        WriteOp::SetNextState {
-            tenant,
-            trajectory: step.trajectory,
-            step: step.id,
-            next_state,
-        },
+        next_state.clone(),
         WriteOp::AppendSteps { steps: vec![step] },
     ]
 }
@@ -74,15 +82,16 @@ fn bench(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("journal: one call's record, appended");
     for (name, history) in [("4 kB request", 4 << 10), ("40 kB history", 40 << 10)] {
-        let ops = record(history);
-        let bytes = journal::encode(&ops).map_or(0, |v| v.len());
+        let (next_state, step) = call(history);
+        let bytes = journal::encode(&record(&next_state, &step)).map_or(0, |v| v.len());
         let label = format!("{name} ({} kB record)", bytes / 1024);
         group.bench_function(label.as_str(), |b| {
             b.iter_custom(|iterations| {
                 let mut spent = std::time::Duration::ZERO;
                 for _ in 0..iterations {
                     let started = Instant::now();
-                    let _ = black_box(journal.append(black_box(&ops)));
+                    let ops = record(&next_state, black_box(&step));
+                    let _ = black_box(journal.append(&ops));
                     spent += started.elapsed();
                     rotate(&journal);
                 }
@@ -90,12 +99,12 @@ fn bench(c: &mut Criterion) {
             })
         });
         group.bench_function(format!("{name}: serialise only").as_str(), |b| {
-            b.iter(|| journal::encode(black_box(&ops)))
+            b.iter(|| journal::encode(&record(&next_state, black_box(&step))))
         });
         let mut times: Vec<u64> = (0..20_000)
             .map(|_| {
                 let started = Instant::now();
-                let _ = black_box(journal.append(&ops));
+                let _ = black_box(journal.append(&record(&next_state, &step)));
                 let spent = started.elapsed().as_nanos() as u64;
                 rotate(&journal);
                 spent

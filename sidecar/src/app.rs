@@ -22,7 +22,8 @@
 //!    ([`agent_json`](crate::data_plane::agent_json)); a call with a body is routed to its
 //!    tenant's live adapter ([`policy`](crate::data_plane::policy)) and, for a model call with
 //!    recording on, joins its trajectory; then it is forwarded to a balanced upstream
-//!    ([`Forwarder`]) and its response relayed back frame by frame.
+//!    ([`Forwarder`]) and its response relayed back as it arrives (the frames already relayed
+//!    go out together: [`crate::data_plane::body`]).
 //!
 //! The rule every step keeps: **what the sidecar cannot parse, classify or authorize is
 //! refused, never passed through.** A route not on the allow-list, a body that does not read

@@ -115,87 +115,65 @@ where
         let mut first_byte_at = None;
         // Frames that wait for the record (see the module docs).
         let mut held: Vec<Frame<Bytes>> = Vec::new();
+        // One timer for the whole body, moved only when it fires: a frame costs no timer of
+        // its own. It fires at the idle limit after the last frame, or at the orphan's drain
+        // limit, whichever comes first.
+        let mut last_frame = Instant::now();
+        let timer = tokio::time::sleep(self.idle);
+        tokio::pin!(timer);
+        // A client that leaves while the engine is silent (a long prefill, a slow token) is an
+        // orphan from that moment, not from the next frame.
+        let client = self.tx.clone();
+        let client_left = client.closed();
+        tokio::pin!(client_left);
         let end = loop {
-            let wait = match client_gone_deadline {
-                Some(deadline) => self
-                    .idle
-                    .min(deadline.saturating_duration_since(Instant::now())),
-                None => self.idle,
-            };
             let polled = tokio::select! {
-                polled = tokio::time::timeout(wait, self.body.frame()) => polled,
-                // A client that leaves while the engine is silent (a long prefill, a slow
-                // token) is an orphan from that moment, not from the next frame.
-                () = self.tx.closed(), if client_gone_deadline.is_none() => {
+                biased;
+                polled = self.body.frame() => polled,
+                () = &mut client_left, if client_gone_deadline.is_none() => {
                     match self.orphaned() {
                         Ok(permit) => orphan_permit = Some(permit),
                         Err(end) => break end,
                     }
-                    client_gone_deadline = Some(Instant::now() + self.orphan_drain);
+                    let deadline = Instant::now() + self.orphan_drain;
+                    client_gone_deadline = Some(deadline);
+                    timer.as_mut().reset(deadline.min(last_frame + self.idle));
+                    continue;
+                }
+                () = &mut timer => {
+                    let now = Instant::now();
+                    if client_gone_deadline.is_some_and(|d| now >= d) {
+                        break RelayEnd::AbandonedAfterClientLeft;
+                    }
+                    let idle_at = last_frame + self.idle;
+                    if now >= idle_at {
+                        break RelayEnd::UpstreamIdle;
+                    }
+                    timer
+                        .as_mut()
+                        .reset(client_gone_deadline.map_or(idle_at, |d| d.min(idle_at)));
                     continue;
                 }
             };
+            last_frame = Instant::now();
             let frame = match polled {
-                Ok(Some(Ok(frame))) => frame,
-                Ok(None) => break RelayEnd::Complete,
-                Ok(Some(Err(e))) => break RelayEnd::UpstreamFailed(e.to_string()),
-                Err(_) if client_gone_deadline.is_some_and(|d| Instant::now() >= d) => {
-                    break RelayEnd::AbandonedAfterClientLeft
-                }
-                Err(_) => break RelayEnd::UpstreamIdle,
+                Some(Ok(frame)) => frame,
+                None => break RelayEnd::Complete,
+                Some(Err(e)) => break RelayEnd::UpstreamFailed(e.to_string()),
             };
             first_byte_at.get_or_insert_with(clawback_datapool::UnixMs::now);
-            let frame = match (&mut self.tap, frame.into_data()) {
-                (Some(tap), Ok(data)) => match tap.capture.on_frame(&data).bytes(data) {
-                    Some(out) => Frame::data(out),
-                    None => continue,
-                },
-                (None, Ok(data)) => Frame::data(data),
-                (_, Err(frame)) => frame,
+            let Some(frame) = self.pass(frame, &mut held) else {
+                continue;
             };
-            self.at_event_boundary = frame.data_ref().is_none_or(|d| d.ends_with(b"\n\n"));
-            let frame = match self.tap.as_ref().filter(|tap| tap.record.is_some()) {
-                // A stream's end, and whatever follows it, waits for the record.
-                Some(tap) if self.is_sse && (tap.capture.answered() || !held.is_empty()) => {
-                    held.push(frame);
-                    continue;
-                }
-                // A plain body goes out one frame behind: its last frame waits for the record.
-                Some(_) if !self.is_sse => match held.pop() {
-                    Some(previous) => {
-                        held.push(frame);
-                        previous
-                    }
-                    None => {
-                        held.push(frame);
-                        continue;
-                    }
-                },
-                _ => frame,
-            };
-            match client_gone_deadline {
-                None => {
-                    // A client that stops reading (its socket full) is treated as gone once it
-                    // has not taken a frame for `client_write`: it holds no permit forever.
-                    let delivered =
-                        tokio::time::timeout(self.client_write, self.tx.send(Ok(frame))).await;
-                    if delivered.is_err() {
-                        if let Some(connection) = &self.connection {
-                            connection.abandon();
-                        }
-                    }
-                    if !matches!(delivered, Ok(Ok(()))) {
-                        match self.orphaned() {
-                            Ok(permit) => orphan_permit = Some(permit),
-                            Err(end) => break end,
-                        }
-                        client_gone_deadline = Some(Instant::now() + self.orphan_drain);
-                    }
-                }
-                Some(deadline) if Instant::now() >= deadline => {
-                    break RelayEnd::AbandonedAfterClientLeft
-                }
-                Some(_) => {}
+            if let Err(end) = self
+                .deliver(frame, &mut client_gone_deadline, &mut orphan_permit)
+                .await
+            {
+                break end;
+            }
+            // A client found gone here drains as an orphan: the timer keeps its limit too.
+            if let Some(deadline) = client_gone_deadline.filter(|d| *d < timer.deadline()) {
+                timer.as_mut().reset(deadline);
             }
         };
         if let Some(tap) = self.tap.take() {
@@ -223,6 +201,69 @@ where
         self.finish(&end).await;
         drop(orphan_permit);
         end
+    }
+
+    /// What of an upstream frame goes to the client now: stripped or translated by the tap,
+    /// or `None` when nothing does (all of it stripped, or held for the record).
+    fn pass(&mut self, frame: Frame<Bytes>, held: &mut Vec<Frame<Bytes>>) -> Option<Frame<Bytes>> {
+        let frame = match (&mut self.tap, frame.into_data()) {
+            (Some(tap), Ok(data)) => Frame::data(tap.capture.on_frame(&data).bytes(data)?),
+            (None, Ok(data)) => Frame::data(data),
+            (_, Err(frame)) => frame,
+        };
+        self.at_event_boundary = frame.data_ref().is_none_or(|d| d.ends_with(b"\n\n"));
+        match self.tap.as_ref().filter(|tap| tap.record.is_some()) {
+            // A stream's end, and whatever follows it, waits for the record.
+            Some(tap) if self.is_sse && (tap.capture.answered() || !held.is_empty()) => {
+                held.push(frame);
+                None
+            }
+            // A plain body goes out one frame behind: its last frame waits for the record.
+            Some(_) if !self.is_sse => {
+                let previous = held.pop();
+                held.push(frame);
+                previous
+            }
+            _ => Some(frame),
+        }
+    }
+
+    /// Hands a frame to the client's connection. A client that does not take it within
+    /// `client_write` (its socket full), or is gone, makes the call an orphan; `Err` when the
+    /// relay stops here.
+    async fn deliver(
+        &mut self,
+        frame: Frame<Bytes>,
+        client_gone_deadline: &mut Option<Instant>,
+        orphan_permit: &mut Option<Orphan>,
+    ) -> Result<(), RelayEnd> {
+        match client_gone_deadline {
+            None => {
+                // Most frames find room at once: no timer for those.
+                let frame = match self.tx.try_send(Ok(frame)) {
+                    Ok(()) => return Ok(()),
+                    Err(
+                        mpsc::error::TrySendError::Full(item)
+                        | mpsc::error::TrySendError::Closed(item),
+                    ) => item,
+                };
+                let delivered = tokio::time::timeout(self.client_write, self.tx.send(frame)).await;
+                if delivered.is_err() {
+                    if let Some(connection) = &self.connection {
+                        connection.abandon();
+                    }
+                }
+                if !matches!(delivered, Ok(Ok(()))) {
+                    *orphan_permit = Some(self.orphaned()?);
+                    *client_gone_deadline = Some(Instant::now() + self.orphan_drain);
+                }
+                Ok(())
+            }
+            Some(deadline) if Instant::now() >= *deadline => {
+                Err(RelayEnd::AbandonedAfterClientLeft)
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     /// The client left: the call drains as an orphan if a permit for one is free, else it is

@@ -31,10 +31,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
-    Anchor, AssistantOutput, Capture, Complete, CompletionReason, Endpoint, Finish, Finishing,
-    GroupId, GroupMembership, Join, Joined, KeyedSession, NextState, PolicyRef, Step, StepDone,
-    StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId, UnixMs,
-    UpstreamRef, Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
+    Anchor, AssistantOutput, Capture, Complete, CompletionReason, EncodedStep, Endpoint, Finish,
+    Finishing, GroupId, GroupMembership, Join, Joined, KeyedSession, NextState, PolicyRef, Step,
+    StepDone, StepId, StepRequest, Store, TenantId, Timings, Tokens, Trajectory, TrajectoryId,
+    UnixMs, UpstreamRef, Usage, WriteOp, AGENT_METADATA_KEY, SCHEMA_VERSION,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -666,7 +666,14 @@ impl Recorder {
             None => None,
         };
         let mut ops = placed.leading;
-        ops.push(WriteOp::AppendSteps { steps: vec![step] });
+        // Serialised once, here: the journal writes these bytes and the datapool stores them.
+        match EncodedStep::encode(&step) {
+            Ok(step) => ops.push(WriteOp::AppendSteps { steps: vec![step] }),
+            Err(e) => {
+                tracing::error!(error = %e, step = %step.id, "a step could not be serialised; it is not recorded");
+                self.sink.dropped("step_not_serialisable");
+            }
+        }
         if let Some(finishing) = finishing {
             ops.extend(self.completion(&call.tenant, finishing));
         }

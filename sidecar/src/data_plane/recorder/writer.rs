@@ -289,7 +289,7 @@ fn split(op: &WriteOp) -> Option<Vec<WriteOp>> {
 #[derive(Default)]
 struct Batch {
     upserts: Vec<WriteOp>,
-    steps: Vec<clawback_datapool::Step>,
+    steps: Vec<clawback_datapool::EncodedStep>,
     next_states: Vec<WriteOp>,
     evaluations: Vec<clawback_datapool::Evaluation>,
     completions: Vec<WriteOp>,
@@ -311,7 +311,7 @@ impl Batch {
     fn in_order(self) -> Vec<WriteOp> {
         let mut ops = self.upserts;
         ops.extend(
-            per_tenant(self.steps, |s| &s.tenant)
+            per_tenant(self.steps, |s| s.tenant())
                 .into_iter()
                 .map(|steps| WriteOp::AppendSteps { steps }),
         );

@@ -4,9 +4,9 @@
 //! fields are most of an answer's bytes once the sidecar asked for ids and logprobs (a logprob
 //! object per token), and building a tree of them was most of what recording cost.
 //!
-//! Whatever does not fit these shapes (an error object, a field of an unexpected type) is
-//! refused, and the caller reads the answer as a tree instead: what is recorded is the same
-//! either way.
+//! Whatever does not fit these shapes (an error object, a field of an unexpected type, a chat
+//! logprob entry the schema cannot take) is refused, and the caller reads the answer as a tree
+//! instead: what is recorded is the same either way.
 
 use std::borrow::Cow;
 
@@ -18,14 +18,15 @@ use clawback_datapool::{Endpoint, TokenLogprob};
 
 use super::{chat_usage, push_str, set_once, Assembler, Ending};
 
-/// A chat or completions body or chunk, as far as the assembler reads it.
+/// A chat or completions body or chunk, as far as the assembler reads it; `L` is how its
+/// endpoint spells a choice's logprobs.
 #[derive(Deserialize)]
-struct Event<'a> {
+#[serde(bound(deserialize = "L: Deserialize<'de>"))]
+struct Event<'a, L> {
     model: Option<Value>,
     usage: Option<Value>,
     prompt_token_ids: Option<Vec<u32>>,
-    #[serde(borrow)]
-    choices: Option<Vec<Choice<'a>>>,
+    choices: Option<Vec<Choice<L>>>,
     // What makes it an error answer, which the tree reader handles.
     #[serde(borrow)]
     error: Option<&'a RawValue>,
@@ -35,25 +36,44 @@ struct Event<'a> {
 }
 
 #[derive(Deserialize)]
-struct Choice<'a> {
+#[serde(bound(deserialize = "L: Deserialize<'de>"))]
+struct Choice<L> {
     index: Option<u64>,
     prompt_token_ids: Option<Vec<u32>>,
     token_ids: Option<Vec<u32>>,
-    #[serde(borrow)]
-    logprobs: Option<&'a RawValue>,
+    logprobs: Option<L>,
     finish_reason: Option<Value>,
     message: Option<Value>,
     delta: Option<Value>,
     text: Option<Value>,
 }
 
-/// Chat logprobs whose entries are all well-formed.
+/// Chat logprobs, read straight into the schema's entries: an entry the schema cannot take
+/// fails the whole event, which the tree reader then reads (and marks the logprobs broken).
 #[derive(Deserialize)]
 struct ChatLogprobs {
     content: Vec<TokenLogprob>,
 }
 
-impl Event<'_> {
+/// A choice's logprobs as its endpoint spells them, added to the answer.
+trait Logprobs: for<'de> Deserialize<'de> {
+    fn add_to(self, assembler: &mut Assembler);
+}
+
+impl Logprobs for ChatLogprobs {
+    fn add_to(self, assembler: &mut Assembler) {
+        assembler.logprobs.extend(self.content);
+    }
+}
+
+/// Completions' parallel `tokens` / `token_logprobs` arrays, read as a tree.
+impl Logprobs for Value {
+    fn add_to(self, assembler: &mut Assembler) {
+        assembler.add_logprobs(&self);
+    }
+}
+
+impl<L> Event<'_, L> {
     fn is_error(&self) -> bool {
         self.error.is_some_and(|e| e.get().starts_with('{'))
             || self.object.as_deref() == Some("error")
@@ -72,7 +92,14 @@ impl Assembler {
         ) {
             return false;
         }
-        let Ok(event) = serde_json::from_slice::<Event<'_>>(bytes) else {
+        match self.endpoint {
+            Endpoint::Completions => self.typed_bytes::<Value>(bytes, whole),
+            _ => self.typed_bytes::<ChatLogprobs>(bytes, whole),
+        }
+    }
+
+    fn typed_bytes<L: Logprobs>(&mut self, bytes: &[u8], whole: bool) -> bool {
+        let Ok(event) = serde_json::from_slice::<Event<'_, L>>(bytes) else {
             return false;
         };
         if event.is_error() {
@@ -89,7 +116,7 @@ impl Assembler {
     }
 
     /// [`Assembler::chunk`] for a typed event.
-    fn typed_chunk(&mut self, event: Event<'_>, whole: bool) {
+    fn typed_chunk<L: Logprobs>(&mut self, event: Event<'_, L>, whole: bool) {
         if let Some(model) = &event.model {
             set_once(&mut self.model, model);
         }
@@ -116,7 +143,7 @@ impl Assembler {
             self.completion_ids.get_or_insert_with(Vec::new).extend(ids);
         }
         if let Some(logprobs) = choice.logprobs {
-            self.add_raw_logprobs(logprobs);
+            logprobs.add_to(self);
         }
         if let Some(reason) = choice.finish_reason.as_ref().and_then(Value::as_str) {
             self.finish_reason = Some(reason.to_owned());
@@ -132,18 +159,6 @@ impl Assembler {
                 let part = if whole { choice.message } else { choice.delta };
                 self.message(part.as_ref().unwrap_or(&Value::Null));
             }
-        }
-    }
-
-    /// A choice's `logprobs`: chat entries straight into the schema's, anything else (null,
-    /// completions' parallel arrays, an entry missing a field) as a tree.
-    fn add_raw_logprobs(&mut self, raw: &RawValue) {
-        if let Ok(chat) = serde_json::from_str::<ChatLogprobs>(raw.get()) {
-            self.logprobs.extend(chat.content);
-            return;
-        }
-        if let Ok(tree) = serde_json::from_str::<Value>(raw.get()) {
-            self.add_logprobs(&tree);
         }
     }
 }
@@ -245,14 +260,14 @@ mod tests {
                 true,
                 1,
             ),
-            // An entry the schema cannot take (top_logprobs null): read as a tree.
+            // An entry the schema cannot take (top_logprobs null): the event read as a tree.
             (
                 chat,
                 vec![json!({"choices": [{"index": 0, "message": {"content": "x"},
                 "logprobs": {"content": [{"token": "x", "logprob": -1.0, "top_logprobs": null}]},
                 "token_ids": [3]}], "prompt_token_ids": [1]})],
                 true,
-                1,
+                0,
             ),
             // Choice 0 second in the list; an id past u32 (the tree reader's business).
             (
