@@ -285,6 +285,116 @@ impl StreamResult {
     }
 }
 
+/// What a phase of paced streams measured: each event's delay from when the engine sent it
+/// to when the client read it, in microseconds, and how many events arrived.
+#[derive(Debug)]
+pub struct PacedResult {
+    pub delay: Histogram<u64>,
+    pub events: u64,
+    pub completed: u64,
+    pub errors: u64,
+    pub elapsed: Duration,
+}
+
+/// Longest one paced stream may take (hundreds of events tens of ms apart).
+const PACED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Keeps `concurrency` streamed calls in flight for `duration`, each asking the mock engine
+/// for a paced answer ([`crate::mock::PACED_HEADER`]), and measures each event's delay from
+/// the engine's stamp ([`crate::mock::SENT_AT_FIELD`]) to the client.
+pub async fn paced_streams(
+    client: &HttpClient,
+    target: &Target,
+    concurrency: usize,
+    duration: Duration,
+) -> PacedResult {
+    let mut target = target.clone();
+    for turn in &mut target.turns {
+        turn.headers.push((crate::mock::PACED_HEADER, "true"));
+    }
+    let target = Arc::new(target);
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (client, target) = (client.clone(), Arc::clone(&target));
+        workers.spawn(async move {
+            let mut delay = histogram();
+            let (mut events, mut completed, mut errors) = (0, 0, 0);
+            while start.elapsed() < duration {
+                let session = target.session_header.map(|_| next_session());
+                let call = paced_call(&client, &target, session.as_deref(), &mut delay);
+                match tokio::time::timeout(PACED_TIMEOUT, call).await {
+                    Ok(Ok(n)) => {
+                        completed += 1;
+                        events += n;
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (delay, events, completed, errors)
+        });
+    }
+    let mut result = PacedResult {
+        delay: histogram(),
+        events: 0,
+        completed: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    while let Some(worker) = workers.join_next().await {
+        if let Ok((delay, events, completed, errors)) = worker {
+            let _ = result.delay.add(&delay);
+            result.events += events;
+            result.completed += completed;
+            result.errors += errors;
+        }
+    }
+    result.elapsed = start.elapsed();
+    result
+}
+
+/// One paced call: records each stamped event's delay, returns how many there were.
+async fn paced_call(
+    client: &HttpClient,
+    target: &Target,
+    session: Option<&str>,
+    delay: &mut Histogram<u64>,
+) -> Result<u64, ()> {
+    let turn = target.turns.first().ok_or(())?;
+    let response = client
+        .request(request(target, turn, session)?)
+        .await
+        .map_err(|_| ())?;
+    if response.status() != StatusCode::OK {
+        return Err(());
+    }
+    let mut body = response.into_body();
+    let mut events = 0;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| ())?.into_data() else {
+            continue;
+        };
+        let now = crate::mock::unix_micros();
+        for sent in stamps(&data) {
+            events += 1;
+            let _ = delay.record(now.saturating_sub(sent).max(1));
+        }
+    }
+    Ok(events)
+}
+
+/// The engine's send stamps in a chunk of the stream.
+fn stamps(data: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    let field = crate::mock::SENT_AT_FIELD.as_bytes();
+    let mut rest = data;
+    std::iter::from_fn(move || {
+        let at = rest.windows(field.len()).position(|w| w == field)?;
+        rest = &rest[at + field.len()..];
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+    })
+}
+
 /// A latency histogram in microseconds, 1 µs to 60 s.
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")

@@ -47,7 +47,18 @@ pub struct Behaviour {
     pub loaded_adapters: Vec<String>,
     /// The text every chat answer says instead of the usual one.
     pub answer_text: Option<String>,
+    /// Streamed answers to requests that carry [`PACED_HEADER`] send their events this far
+    /// apart, as an engine decoding one token at a time, each stamped with when it was sent
+    /// ([`SENT_AT_FIELD`]): what the bench's paced phase measures a hop's added delay by.
+    pub paced: Option<Duration>,
 }
+
+/// The request header that asks for [`Behaviour::paced`] answers.
+pub const PACED_HEADER: &str = "x-mock-paced";
+
+/// The field a paced event's JSON opens with: when the mock sent it, in microseconds since the
+/// Unix epoch (one clock for every process on the machine).
+pub const SENT_AT_FIELD: &str = "\"sent_us\":";
 
 /// Holds every response body after `after_chunks` chunks until [`Hold::release`]: lets a test
 /// see what reached the client while the engine has provably not sent the rest yet.
@@ -249,9 +260,13 @@ async fn handle(
         lock(&state.sent).push(chunks.iter().flat_map(|c| c.iter().copied()).collect());
     }
     let streaming = content_type == "text/event-stream";
+    let paced = behaviour
+        .paced
+        .filter(|_| streaming && parts.headers.contains_key(PACED_HEADER));
     let mut response = Response::new(MockBody {
         chunks: chunks.into(),
-        delay: behaviour.chunk_delay,
+        delay: paced.unwrap_or(behaviour.chunk_delay),
+        stamp: paced.is_some(),
         sleep: None,
         sent: 0,
         die_after: behaviour.die_after_chunks,
@@ -400,6 +415,8 @@ fn sse_data(events: Vec<Value>) -> Vec<Bytes> {
 struct MockBody {
     chunks: VecDeque<Bytes>,
     delay: Duration,
+    /// Stamp each event with when it was sent ([`SENT_AT_FIELD`]).
+    stamp: bool,
     sleep: Option<Pin<Box<Sleep>>>,
     sent: usize,
     die_after: Option<usize>,
@@ -449,6 +466,7 @@ impl Body for MockBody {
         match self.chunks.pop_front() {
             Some(chunk) => {
                 self.sent += 1;
+                let chunk = if self.stamp { stamped(chunk) } else { chunk };
                 Poll::Ready(Some(Ok(Frame::data(chunk))))
             }
             None => {
@@ -459,4 +477,25 @@ impl Body for MockBody {
             }
         }
     }
+}
+
+/// `data: {...}` with [`SENT_AT_FIELD`] first in the object; other events as they are.
+fn stamped(event: Bytes) -> Bytes {
+    const OPEN: &[u8] = b"data: {";
+    let Some(rest) = event.strip_prefix(OPEN) else {
+        return event;
+    };
+    let sent_us = unix_micros();
+    let mut out = Vec::with_capacity(event.len() + 32);
+    out.extend_from_slice(OPEN);
+    out.extend_from_slice(format!("{SENT_AT_FIELD}{sent_us},").as_bytes());
+    out.extend_from_slice(rest);
+    Bytes::from(out)
+}
+
+/// Now, in microseconds since the Unix epoch: the clock of [`SENT_AT_FIELD`].
+pub fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }

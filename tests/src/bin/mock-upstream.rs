@@ -17,6 +17,10 @@ struct Args {
     /// Wait this long before every response head, as an engine busy prefilling and decoding.
     #[arg(long, default_value_t = 0)]
     head_delay_ms: u64,
+    /// Streamed answers to requests with an `x-mock-paced` header send their events this many
+    /// ms apart, each stamped with when it was sent (the bench's paced phase).
+    #[arg(long, default_value_t = 25)]
+    paced_gap_ms: u64,
 }
 
 /// Words up to `bytes` bytes, as a model's answer reads.
@@ -56,6 +60,7 @@ fn main() -> std::process::ExitCode {
         mock.set_behaviour(clawback_tests::mock::Behaviour {
             answer_text: args.answer_bytes.map(answer_of),
             head_delay: std::time::Duration::from_millis(args.head_delay_ms),
+            paced: Some(std::time::Duration::from_millis(args.paced_gap_ms)),
             ..Default::default()
         });
         println!("mock-upstream listening on {}", mock.url());
