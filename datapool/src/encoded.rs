@@ -12,7 +12,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::codec::{decode, encode};
+use crate::codec::decode;
 use crate::error::{Error, Result};
 use crate::ids::{StepId, TenantId, TrajectoryId};
 use crate::packed::packed;
@@ -41,12 +41,14 @@ struct Keys {
 impl EncodedStep {
     /// Serialises `step`, its token ids and logprobs packed ([`crate::packed`]).
     pub fn encode(step: &Step) -> Result<Self> {
-        let json = packed(|| encode("step", step))?;
+        // Serialised straight into the raw value: `RawValue::from_string` would parse it again.
+        let json = packed(|| serde_json::value::to_raw_value(step))
+            .map_err(|e| Error::codec("step", e))?;
         Ok(EncodedStep {
             tenant: step.tenant.clone(),
             trajectory: step.trajectory,
             id: step.id,
-            json: Arc::from(RawValue::from_string(json).map_err(|e| Error::codec("step", e))?),
+            json: Arc::from(json),
         })
     }
 
