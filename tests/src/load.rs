@@ -312,45 +312,49 @@ pub async fn paced_streams(
     for turn in &mut target.turns {
         turn.headers.push((crate::mock::PACED_HEADER, "true"));
     }
-    let target = Arc::new(target);
-    let start = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (client, target) = (client.clone(), Arc::clone(&target));
-        workers.spawn(async move {
-            let mut delay = histogram();
-            let (mut events, mut completed, mut errors) = (0, 0, 0);
-            while start.elapsed() < duration {
-                let session = target.session_header.map(|_| next_session());
-                let call = paced_call(&client, &target, session.as_deref(), &mut delay);
-                match tokio::time::timeout(PACED_TIMEOUT, call).await {
-                    Ok(Ok(n)) => {
-                        completed += 1;
-                        events += n;
-                    }
-                    _ => errors += 1,
-                }
-            }
-            (delay, events, completed, errors)
-        });
+    let phase: Phase<Delays> = stream_phase(client, target, concurrency, duration).await;
+    PacedResult {
+        delay: phase.tally.delay,
+        events: phase.tally.events,
+        completed: phase.completed,
+        errors: phase.errors,
+        elapsed: phase.elapsed,
     }
-    let mut result = PacedResult {
-        delay: histogram(),
-        events: 0,
-        completed: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
-    };
-    while let Some(worker) = workers.join_next().await {
-        if let Ok((delay, events, completed, errors)) = worker {
-            let _ = result.delay.add(&delay);
-            result.events += events;
-            result.completed += completed;
-            result.errors += errors;
+}
+
+/// What a worker of the paced phase measured: each event's delay, and how many events.
+struct Delays {
+    delay: Histogram<u64>,
+    events: u64,
+}
+
+impl Default for Delays {
+    fn default() -> Self {
+        Delays {
+            delay: histogram(),
+            events: 0,
         }
     }
-    result.elapsed = start.elapsed();
-    result
+}
+
+impl Tally for Delays {
+    async fn call(
+        &mut self,
+        client: &HttpClient,
+        target: &Target,
+        session: Option<&str>,
+    ) -> Result<(), ()> {
+        let call = paced_call(client, target, session, &mut self.delay);
+        self.events += tokio::time::timeout(PACED_TIMEOUT, call)
+            .await
+            .map_err(|_| ())??;
+        Ok(())
+    }
+
+    fn merge(&mut self, other: Self) {
+        let _ = self.delay.add(&other.delay);
+        self.events += other.events;
+    }
 }
 
 /// One paced call: records each stamped event's delay, returns how many there were.
@@ -446,48 +450,117 @@ pub async fn streams(
     concurrency: usize,
     duration: Duration,
 ) -> StreamResult {
-    let target = Arc::new(target.clone());
+    let phase: Phase<Timings> = stream_phase(client, target.clone(), concurrency, duration).await;
+    StreamResult {
+        first_byte: phase.tally.first_byte,
+        gap: phase.tally.gap,
+        total: phase.tally.total,
+        completed: phase.completed,
+        errors: phase.errors,
+        elapsed: phase.elapsed,
+    }
+}
+
+/// What a worker of the streaming sweep measured: first chunks, gaps, whole calls.
+struct Timings {
+    first_byte: Histogram<u64>,
+    gap: Histogram<u64>,
+    total: Histogram<u64>,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            first_byte: histogram(),
+            gap: histogram(),
+            total: histogram(),
+        }
+    }
+}
+
+impl Tally for Timings {
+    async fn call(
+        &mut self,
+        client: &HttpClient,
+        target: &Target,
+        session: Option<&str>,
+    ) -> Result<(), ()> {
+        let (first, gaps, whole) = stream_call(client, target, session).await?;
+        let _ = self.first_byte.record(micros(first));
+        for gap in gaps {
+            let _ = self.gap.record(micros(gap));
+        }
+        let _ = self.total.record(micros(whole));
+        Ok(())
+    }
+
+    fn merge(&mut self, other: Self) {
+        let _ = self.first_byte.add(&other.first_byte);
+        let _ = self.gap.add(&other.gap);
+        let _ = self.total.add(&other.total);
+    }
+}
+
+/// What each worker of a stream phase measures, call after call, into a tally of its own; the
+/// workers' tallies are merged when the phase ends.
+trait Tally: Default + Send + 'static {
+    /// One streamed call (the target's first turn), measured; `Err` when it failed.
+    fn call(
+        &mut self,
+        client: &HttpClient,
+        target: &Target,
+        session: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<(), ()>> + Send;
+
+    fn merge(&mut self, other: Self);
+}
+
+/// A stream phase's merged tally, its calls that completed and failed, and how long it ran.
+struct Phase<T> {
+    tally: T,
+    completed: u64,
+    errors: u64,
+    elapsed: Duration,
+}
+
+/// Keeps `concurrency` streamed calls of `target` in flight for `duration`, each worker
+/// measuring into its own `T`.
+async fn stream_phase<T: Tally>(
+    client: &HttpClient,
+    target: Target,
+    concurrency: usize,
+    duration: Duration,
+) -> Phase<T> {
+    let target = Arc::new(target);
     let start = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let (client, target) = (client.clone(), Arc::clone(&target));
         workers.spawn(async move {
-            let (mut first, mut gap, mut total) = (histogram(), histogram(), histogram());
-            let (mut completed, mut errors) = (0, 0);
+            let (mut tally, mut completed, mut errors) = (T::default(), 0, 0);
             while start.elapsed() < duration {
                 let session = target.session_header.map(|_| next_session());
-                match stream_call(&client, &target, session.as_deref()).await {
-                    Ok((to_first, gaps, whole)) => {
-                        completed += 1;
-                        let _ = first.record(micros(to_first));
-                        for g in gaps {
-                            let _ = gap.record(micros(g));
-                        }
-                        let _ = total.record(micros(whole));
-                    }
+                match tally.call(&client, &target, session.as_deref()).await {
+                    Ok(()) => completed += 1,
                     Err(()) => errors += 1,
                 }
             }
-            (first, gap, total, completed, errors)
+            (tally, completed, errors)
         });
     }
-    let mut result = StreamResult {
-        first_byte: histogram(),
-        gap: histogram(),
-        total: histogram(),
+    let mut phase = Phase {
+        tally: T::default(),
         completed: 0,
         errors: 0,
         elapsed: Duration::ZERO,
     };
     while let Some(worker) = workers.join_next().await {
-        if let Ok((first, gap, total, completed, errors)) = worker {
-            let _ = result.first_byte.add(&first);
-            let _ = result.gap.add(&gap);
-            let _ = result.total.add(&total);
-            result.completed += completed;
-            result.errors += errors;
+        if let Ok((tally, completed, errors)) = worker {
+            phase.tally.merge(tally);
+            phase.completed += completed;
+            phase.errors += errors;
         }
     }
-    result.elapsed = start.elapsed();
-    result
+    phase.elapsed = start.elapsed();
+    phase
 }
