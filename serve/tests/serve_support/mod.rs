@@ -174,7 +174,7 @@ impl Client {
         );
         Stream {
             response,
-            buffer: String::new(),
+            buffer: Vec::new(),
             done: false,
         }
     }
@@ -195,7 +195,8 @@ impl Client {
 /// An SSE response read event by event.
 pub struct Stream {
     response: reqwest::Response,
-    buffer: String,
+    /// Bytes, not text: a body chunk may end inside a multi-byte character.
+    buffer: Vec<u8>,
     pub done: bool,
 }
 
@@ -203,8 +204,9 @@ impl Stream {
     /// The next `data:` payload as JSON; None after `[DONE]` or at the end of the body.
     pub async fn next(&mut self) -> Option<Value> {
         loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let event: String = self.buffer.drain(..end + 2).collect();
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let event = String::from_utf8(event).expect("an SSE event is UTF-8");
                 let data = event
                     .trim()
                     .strip_prefix("data: ")
@@ -216,7 +218,7 @@ impl Stream {
                 return Some(serde_json::from_str(data).unwrap());
             }
             match self.response.chunk().await.unwrap() {
-                Some(bytes) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
+                Some(bytes) => self.buffer.extend_from_slice(&bytes),
                 None => return None,
             }
         }
