@@ -46,7 +46,7 @@ pub enum ProxyError {
     Upstream {
         upstream: std::sync::Arc<str>,
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: crate::data_plane::connections::SendError,
     },
     #[error("could not build the upstream request: {0}")]
     BadUpstreamRequest(#[source] http::Error),

@@ -11,17 +11,14 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{request, Request, Response};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::task::TaskTracker;
 
 use crate::data_plane::body::ProxyBody;
 use crate::data_plane::bounds::Timeouts;
 use crate::data_plane::capture::{Answer, Capture, Endpoint};
+use crate::data_plane::connections::{Connections, SendError, UpstreamBody};
 use crate::data_plane::error::ProxyError;
 use crate::data_plane::layers::request_id::{RequestId, HEADER as REQUEST_ID_HEADER};
 use crate::data_plane::metrics::{Metrics, UpstreamLabels};
@@ -40,7 +37,7 @@ pub struct UpstreamTiming {
 }
 
 pub struct Forwarder {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    connections: Arc<Connections>,
     pool: Arc<Pool>,
     /// The upstream key's header (`Authorization: Bearer <key>`, or `x-api-key` for Anthropic's
     /// API), replacing the client's key, when configured.
@@ -92,10 +89,7 @@ impl Forwarder {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
+        let connections = Connections::new(connector, std::time::Duration::from_secs(90), 1024);
         let upstream_auth = upstream_api_key
             .map(|key| {
                 // Anthropic's API takes its key as `x-api-key`; the rest as a bearer token.
@@ -111,7 +105,7 @@ impl Forwarder {
             })
             .transpose()?;
         Ok(Self {
-            client,
+            connections,
             pool,
             upstream_auth,
             timeouts,
@@ -170,7 +164,7 @@ impl Forwarder {
         upstream_path: &str,
         recording: Option<Pending>,
         answer: Answer,
-    ) -> Result<(Response<ProxyBody>, Relay<Incoming>), ProxyError> {
+    ) -> Result<(Response<ProxyBody>, Relay<UpstreamBody>), ProxyError> {
         // A recorded call's trajectory is its session: its calls go where its prefix is cached.
         let affinity = recording.as_ref().map(|pending| pending.call.affinity);
         let result = self.send(parts, body, upstream_path, affinity).await;
@@ -229,7 +223,7 @@ impl Forwarder {
         body: Bytes,
         upstream_path: &str,
         affinity: Option<u128>,
-    ) -> Result<(Response<Incoming>, InFlight, UpstreamTiming), ProxyError> {
+    ) -> Result<(Response<UpstreamBody>, InFlight, UpstreamTiming), ProxyError> {
         let mut tried: Vec<Arc<str>> = Vec::new();
         loop {
             let Some(in_flight) = self.pool.pick_for(&tried, affinity) else {
@@ -248,12 +242,12 @@ impl Forwarder {
             let sent_at = Instant::now();
             let response = tokio::time::timeout(
                 self.timeouts.upstream_first_byte,
-                self.client.request(request),
+                self.connections.send(request),
             )
             .await;
             let response = match response {
                 Ok(Ok(response)) => response,
-                Ok(Err(e)) if e.is_connect() => {
+                Ok(Err(e @ SendError::Connect(_))) => {
                     tracing::warn!(upstream = %upstream.name, error = %e, "upstream refused the connection; trying another");
                     self.report(&upstream, Failure::Connect);
                     tried.push(Arc::clone(&upstream.name));
@@ -343,7 +337,7 @@ impl Forwarder {
     #[allow(clippy::too_many_arguments)]
     fn relay(
         &self,
-        response: Response<Incoming>,
+        response: Response<UpstreamBody>,
         in_flight: InFlight,
         timing: UpstreamTiming,
         tap: Option<Tap>,
@@ -351,7 +345,7 @@ impl Forwarder {
         answer: Answer,
         connection: Option<&crate::data_plane::server::Abandon>,
         tenant: Option<clawback_datapool::TenantId>,
-    ) -> (Response<ProxyBody>, Relay<Incoming>) {
+    ) -> (Response<ProxyBody>, Relay<UpstreamBody>) {
         let (mut parts, body) = response.into_parts();
         if tap
             .as_ref()

@@ -6,6 +6,7 @@ pub mod anthropic;
 pub mod body;
 pub mod bounds;
 pub mod capture;
+pub mod connections;
 pub mod error;
 pub mod filters;
 pub mod forward;
