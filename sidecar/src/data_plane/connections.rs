@@ -13,7 +13,8 @@
 //! `max_idle_per_upstream` kept). An idle connection is polled by no one, so it is checked when
 //! it is taken (the engine may have closed it: vLLM closes idle connections after 5 s), and a
 //! request that never left on a reused connection is sent again on a new one — what hyper's
-//! pooled client did (`retry_canceled_requests`).
+//! pooled client did (`retry_canceled_requests`). Every [`SWEEP`] the idle connections are looked
+//! at once, so those the engine closed or that idled too long are closed on our side too.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
@@ -39,6 +40,9 @@ use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
+
+/// How often idle connections are checked for having closed or idled too long.
+const SWEEP: Duration = Duration::from_secs(5);
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request got no answer head.
@@ -85,12 +89,28 @@ impl Connections {
         idle_timeout: Duration,
         max_idle_per_upstream: usize,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        let connections = Arc::new(Self {
             connector,
             idle: Mutex::new(HashMap::new()),
             idle_timeout,
             max_idle_per_upstream,
-        })
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let connections = Arc::downgrade(&connections);
+            runtime.spawn(async move {
+                let mut sweeps = tokio::time::interval(SWEEP);
+                sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                sweeps.tick().await;
+                loop {
+                    sweeps.tick().await;
+                    let Some(connections) = connections.upgrade() else {
+                        return;
+                    };
+                    connections.sweep();
+                }
+            });
+        }
+        connections
     }
 
     /// Sends `request` (its URI absolute: the upstream's) on an idle connection to its upstream,
@@ -156,6 +176,20 @@ impl Connections {
             }
             return Some(Conn::new(established, key.clone(), Arc::clone(self)));
         }
+    }
+
+    /// Closes the idle connections that the upstream closed or that idled too long.
+    fn sweep(&self) {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        for stack in idle.values_mut() {
+            stack.retain_mut(|i| {
+                now.duration_since(i.since) < self.idle_timeout
+                    && !i.established.sender.is_closed()
+                    && (&mut i.established.driver).now_or_never().is_none()
+            });
+        }
+        idle.retain(|_, stack| !stack.is_empty());
     }
 
     fn checkin(&self, key: Key, established: Established) {
@@ -549,6 +583,20 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_sweep_closes_the_idle_connections_the_upstream_closed() {
+        let (open, _, _) = server(Then::KeepOpen).await;
+        let (closing, _, _) = server(Then::Close).await;
+        let connections = connections();
+        call(&connections, &open).await;
+        call(&connections, &closing).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        connections.sweep();
+        let idle = connections.lock();
+        let left: Vec<_> = idle.keys().map(|k| k.authority.clone()).collect();
+        assert_eq!(left, [open.authority().expect("authority").clone()]);
     }
 
     #[tokio::test]
