@@ -75,6 +75,16 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Whether it may take a request: not idle too long, not closed by the upstream (polled
+    /// once to see: a connection the engine closed ends here).
+    fn usable(&mut self, now: Instant, idle_timeout: Duration) -> bool {
+        now.duration_since(self.since) < idle_timeout
+            && !self.established.sender.is_closed()
+            && (&mut self.established.driver).now_or_never().is_none()
+    }
+}
+
 /// The sidecar's connections to its upstreams.
 pub struct Connections {
     connector: HttpsConnector<HttpConnector>,
@@ -163,18 +173,10 @@ impl Connections {
     /// The most recently used idle connection to `key` that is still open.
     fn checkout(self: &Arc<Self>, key: &Key) -> Option<Conn> {
         loop {
-            let Idle {
-                mut established,
-                since,
-            } = self.lock().get_mut(key)?.pop_back()?;
-            // Polled once: a connection the engine closed ends here.
-            if since.elapsed() >= self.idle_timeout
-                || established.sender.is_closed()
-                || (&mut established.driver).now_or_never().is_some()
-            {
-                continue;
+            let mut idle = self.lock().get_mut(key)?.pop_back()?;
+            if idle.usable(Instant::now(), self.idle_timeout) {
+                return Some(Conn::new(idle.established, key.clone(), Arc::clone(self)));
             }
-            return Some(Conn::new(established, key.clone(), Arc::clone(self)));
         }
     }
 
@@ -183,11 +185,7 @@ impl Connections {
         let now = Instant::now();
         let mut idle = self.lock();
         for stack in idle.values_mut() {
-            stack.retain_mut(|i| {
-                now.duration_since(i.since) < self.idle_timeout
-                    && !i.established.sender.is_closed()
-                    && (&mut i.established.driver).now_or_never().is_none()
-            });
+            stack.retain_mut(|i| i.usable(now, self.idle_timeout));
         }
         idle.retain(|_, stack| !stack.is_empty());
     }
