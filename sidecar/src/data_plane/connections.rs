@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
-use futures_util::FutureExt;
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{header, HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -65,13 +64,43 @@ struct Key {
     authority: Authority,
 }
 
-struct Established {
+/// An established connection: the half that sends requests, and the driver that does the I/O.
+struct Link {
+    key: Key,
     sender: http1::SendRequest<Full<Bytes>>,
-    driver: http1::Connection<Io, Full<Bytes>>,
+    /// `None` once it has ended: the connection is closed, and what was queued on it or waits
+    /// for its answer has been told so.
+    driver: Option<http1::Connection<Io, Full<Bytes>>>,
+}
+
+impl Link {
+    fn is_open(&self) -> bool {
+        self.driver.is_some() && !self.sender.is_closed()
+    }
+
+    /// Reads and decodes what the upstream sent, writes what is to be sent; ready once the
+    /// connection has closed.
+    fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(driver) = &mut self.driver else {
+            return Poll::Ready(());
+        };
+        match Pin::new(driver).poll(cx) {
+            Poll::Ready(result) => {
+                // Dropped, it hands a request it never sent back, and fails one it did.
+                self.driver = None;
+                if let Err(e) = result {
+                    tracing::debug!(upstream = %self.key.authority, error = %e,
+                        "the connection to the upstream ended");
+                }
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 struct Idle {
-    established: Established,
+    link: Link,
     since: Instant,
 }
 
@@ -80,8 +109,11 @@ impl Idle {
     /// once to see: a connection the engine closed ends here).
     fn usable(&mut self, now: Instant, idle_timeout: Duration) -> bool {
         now.duration_since(self.since) < idle_timeout
-            && !self.established.sender.is_closed()
-            && (&mut self.established.driver).now_or_never().is_none()
+            && self.link.is_open()
+            && self
+                .link
+                .poll_drive(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
     }
 }
 
@@ -95,10 +127,19 @@ pub struct Connections {
 
 impl Connections {
     pub fn new(
-        connector: HttpsConnector<HttpConnector>,
+        connect_timeout: Duration,
         idle_timeout: Duration,
         max_idle_per_upstream: usize,
     ) -> Arc<Self> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let connections = Arc::new(Self {
             connector,
             idle: Mutex::new(HashMap::new()),
@@ -163,11 +204,12 @@ impl Connections {
             .await
             .map_err(SendError::Connect)?;
         let (sender, driver) = http1::Builder::new().handshake(io).await?;
-        Ok(Conn::new(
-            Established { sender, driver },
+        let link = Link {
             key,
-            Arc::clone(self),
-        ))
+            sender,
+            driver: Some(driver),
+        };
+        Ok(Conn::new(link, Arc::clone(self)))
     }
 
     /// The most recently used idle connection to `key` that is still open.
@@ -175,7 +217,7 @@ impl Connections {
         loop {
             let mut idle = self.lock().get_mut(key)?.pop_back()?;
             if idle.usable(Instant::now(), self.idle_timeout) {
-                return Some(Conn::new(idle.established, key.clone(), Arc::clone(self)));
+                return Some(Conn::new(idle.link, Arc::clone(self)));
             }
         }
     }
@@ -190,20 +232,17 @@ impl Connections {
         idle.retain(|_, stack| !stack.is_empty());
     }
 
-    fn checkin(&self, key: Key, established: Established) {
+    fn checkin(&self, link: Link) {
         let now = Instant::now();
         let mut idle = self.lock();
-        let stack = idle.entry(key).or_default();
+        let stack = idle.entry(link.key.clone()).or_default();
         // Oldest first: those idle too long are at the front.
         let expired = stack.partition_point(|i| now.duration_since(i.since) >= self.idle_timeout);
         stack.drain(..expired);
         if stack.len() >= self.max_idle_per_upstream {
             stack.pop_front();
         }
-        stack.push_back(Idle {
-            established,
-            since: now,
-        });
+        stack.push_back(Idle { link, since: now });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, VecDeque<Idle>>> {
@@ -242,11 +281,7 @@ enum Unsent {
 
 /// A connection in use, driven by the task that reads its answer.
 struct Conn {
-    sender: http1::SendRequest<Full<Bytes>>,
-    /// `None` once it has ended: the connection is closed, and what was queued on it or waits
-    /// for its answer has been told so.
-    driver: Option<http1::Connection<Io, Full<Bytes>>>,
-    key: Key,
+    link: Link,
     connections: Arc<Connections>,
     inline: Arc<Inline>,
     /// The waker the connection's parts get: `inline`'s.
@@ -254,12 +289,10 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(established: Established, key: Key, connections: Arc<Connections>) -> Self {
+    fn new(link: Link, connections: Arc<Connections>) -> Self {
         let inline = Arc::new(Inline::default());
         Self {
-            sender: established.sender,
-            driver: Some(established.driver),
-            key,
+            link,
             connections,
             waker: Waker::from(Arc::clone(&inline)),
             inline,
@@ -271,9 +304,9 @@ impl Conn {
         request: Request<Full<Bytes>>,
     ) -> Result<Response<Incoming>, Unsent> {
         let ready = poll_fn(|cx| {
-            self.poll_inline(cx, |conn, cx| {
-                let _ = conn.poll_drive(cx);
-                conn.sender.poll_ready(cx)
+            self.poll_inline(cx, |link, cx| {
+                let _ = link.poll_drive(cx);
+                link.sender.poll_ready(cx)
             })
         })
         .await;
@@ -281,12 +314,12 @@ impl Conn {
             return Err(Unsent::Again(Box::new(request), e));
         }
         // Handing the request over wakes the driver, which is polled next anyway.
-        let sender = &mut self.sender;
+        let sender = &mut self.link.sender;
         let sent = self.inline.within(|| sender.try_send_request(request));
         tokio::pin!(sent);
         poll_fn(|cx| {
-            self.poll_inline(cx, |conn, cx| {
-                let _ = conn.poll_drive(cx);
+            self.poll_inline(cx, |link, cx| {
+                let _ = link.poll_drive(cx);
                 sent.as_mut().poll(cx)
             })
         })
@@ -301,41 +334,16 @@ impl Conn {
     fn poll_inline<T>(
         &mut self,
         cx: &mut Context<'_>,
-        mut f: impl FnMut(&mut Self, &mut Context<'_>) -> Poll<T>,
+        mut f: impl FnMut(&mut Link, &mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
-        let inline = Arc::clone(&self.inline);
-        let waker = self.waker.clone();
-        inline.poll(cx, &waker, |cx| f(self, cx))
-    }
-
-    /// Reads and decodes what the upstream sent, writes what is to be sent; ready once the
-    /// connection has closed.
-    fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(driver) = &mut self.driver else {
-            return Poll::Ready(());
-        };
-        match Pin::new(driver).poll(cx) {
-            Poll::Ready(result) => {
-                // Dropped, it hands a request it never sent back, and fails one it did.
-                self.driver = None;
-                if let Err(e) = result {
-                    tracing::debug!(upstream = %self.key.authority, error = %e,
-                        "the connection to the upstream ended");
-                }
-                Poll::Ready(())
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let link = &mut self.link;
+        self.inline.poll(cx, &self.waker, |cx| f(link, cx))
     }
 
     /// The answer was read to its end: the connection waits for the next request.
     fn release(self) {
-        if let Some(driver) = self.driver.filter(|_| !self.sender.is_closed()) {
-            let established = Established {
-                sender: self.sender,
-                driver,
-            };
-            self.connections.checkin(self.key, established);
+        if self.link.is_open() {
+            self.connections.checkin(self.link);
         }
     }
 }
@@ -426,9 +434,9 @@ impl Body for UpstreamBody {
         let this = &mut *self;
         let body = &mut this.body;
         let polled = match &mut this.conn {
-            Some(conn) => conn.poll_inline(cx, |conn, cx| {
+            Some(conn) => conn.poll_inline(cx, |link, cx| {
                 // A closed connection has told the body how it ended.
-                let _ = conn.poll_drive(cx);
+                let _ = link.poll_drive(cx);
                 Pin::new(&mut *body).poll_frame(cx)
             }),
             None => Pin::new(body).poll_frame(cx),
@@ -532,12 +540,7 @@ mod tests {
     }
 
     fn connections() -> Arc<Connections> {
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(HttpConnector::new());
-        Connections::new(connector, Duration::from_secs(90), 8)
+        Connections::new(Duration::from_secs(5), Duration::from_secs(90), 8)
     }
 
     async fn call(connections: &Arc<Connections>, uri: &Uri) -> Bytes {

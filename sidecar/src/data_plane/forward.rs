@@ -11,7 +11,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{request, Request, Response};
 use http_body_util::Full;
-use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::task::TaskTracker;
 
@@ -80,16 +79,11 @@ impl Forwarder {
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
     ) -> Result<Self, InvalidApiKey> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(timeouts.upstream_connect));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let connections = Connections::new(connector, std::time::Duration::from_secs(90), 1024);
+        let connections = Connections::new(
+            timeouts.upstream_connect,
+            std::time::Duration::from_secs(90),
+            1024,
+        );
         let upstream_auth = upstream_api_key
             .map(|key| {
                 // Anthropic's API takes its key as `x-api-key`; the rest as a bearer token.
