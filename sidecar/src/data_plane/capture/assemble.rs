@@ -268,9 +268,13 @@ impl Assembler {
             _ => &message["reasoning"],
         };
         push_str(&mut self.reasoning, reasoning);
-        let Some(calls) = message["tool_calls"].as_array() else {
-            return;
-        };
+        if let Some(calls) = message["tool_calls"].as_array() {
+            self.add_tool_calls(calls);
+        }
+    }
+
+    /// A message's or a delta's `tool_calls`.
+    fn add_tool_calls(&mut self, calls: &[Value]) {
         for (position, call) in calls.iter().enumerate() {
             // A whole message's tool calls have no `index`: their place in the list is it.
             let index = call["index"].as_u64().unwrap_or(position as u64);

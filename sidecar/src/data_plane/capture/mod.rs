@@ -27,12 +27,13 @@
 //! [`Endpoint`] here is the schema's (what a step records), not the router's.
 
 pub mod assemble;
+pub mod members;
 pub mod request;
 pub mod sse;
 pub mod strip;
 pub mod strip_stream;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
 // Re-exported: it is part of this module's signatures.
@@ -41,6 +42,7 @@ pub use clawback_datapool::Endpoint;
 use crate::data_plane::upstream::UpstreamKind;
 
 pub use assemble::{Assembled, Assembler, Ending};
+use members::Members;
 pub use request::{Injected, Unasked};
 pub use sse::{SseEvent, SseSplitter};
 use strip::Stripped;
@@ -297,12 +299,12 @@ impl ResponseCapture {
                 let mut rewritten = false;
                 while let Some(event) = splitter.next_event() {
                     match on_event(assembler.as_deref_mut(), &self.injected, &event) {
-                        Stripped::Rewritten(bytes) => {
+                        Stripped::Rewritten(edits) => {
                             rewritten = true;
-                            out.put(Bytes::from(bytes));
+                            write_event(&event, &edits, &mut out);
                         }
                         Stripped::Dropped => rewritten = true,
-                        Stripped::Unchanged => out.put(event.raw),
+                        Stripped::Unchanged => out.extend_from_slice(&event.raw),
                     }
                 }
                 if aligned && !rewritten && splitter.is_empty() {
@@ -382,16 +384,21 @@ fn finish_as_sent(
         Mode::Body(_) if truncated => None,
         Mode::Body(body) => {
             let body = body.freeze();
-            let read = assembler.on_chat_bytes(&body, true)
-                || match serde_json::from_slice::<Value>(&body) {
-                    Ok(json) => {
-                        assembler.on_body(&json);
-                        true
-                    }
-                    Err(_) => false,
-                };
-            let rewritten = match read.then(|| strip::strip(&body, injected)) {
-                Some(Stripped::Rewritten(bytes)) => Some(Bytes::from(bytes)),
+            // One scan of the body for the assembler and the strip.
+            let members = scan(&body, Some(assembler), injected);
+            let typed = members
+                .as_ref()
+                .is_some_and(|members| assembler.on_chat_members(members, true));
+            if !typed {
+                if let Ok(json) = serde_json::from_slice::<Value>(&body) {
+                    assembler.on_body(&json);
+                }
+            }
+            let stripped = members
+                .as_ref()
+                .map(|members| strip::strip_scanned(&body, members, injected));
+            let rewritten = match stripped {
+                Some(Stripped::Rewritten(edits)) => Some(Bytes::from(edits.apply(&body))),
                 _ => None,
             };
             match rewritten {
@@ -459,28 +466,46 @@ fn on_event(assembler: Option<&mut Assembler>, injected: &Injected, event: &SseE
         }
         return Stripped::Unchanged;
     }
+    // One scan of the event for the assembler and the strip.
+    let members = scan(data, assembler.as_deref(), injected);
     if let Some(assembler) = assembler {
-        if !assembler.on_chat_bytes(data, false) {
+        let typed = members
+            .as_ref()
+            .is_some_and(|members| assembler.on_chat_members(members, false));
+        if !typed {
             if let Ok(json) = serde_json::from_slice::<Value>(data) {
                 assembler.on_event(event.event.as_deref(), &json);
             }
         }
     }
-    match strip::strip(data, injected) {
-        Stripped::Rewritten(json) => {
-            let mut out = Vec::with_capacity(json.len() + 16);
-            if let Some(name) = &event.event {
-                out.extend_from_slice(b"event: ");
-                out.extend_from_slice(name.as_bytes());
-                out.push(b'\n');
-            }
-            out.extend_from_slice(b"data: ");
-            out.extend_from_slice(&json);
-            out.extend_from_slice(b"\n\n");
-            Stripped::Rewritten(out)
-        }
-        other => other,
+    match &members {
+        Some(members) => strip::strip_scanned(data, members, injected),
+        None => Stripped::Unchanged,
     }
+}
+
+/// The members of a chat or completions event (or body) for the assembler and the strip, when
+/// either reads them.
+fn scan<'a>(
+    event: &'a [u8],
+    assembler: Option<&Assembler>,
+    injected: &Injected,
+) -> Option<Members<'a>> {
+    let read = assembler.is_some_and(Assembler::reads_members) || !injected.is_empty();
+    read.then(|| Members::scan(event)).flatten()
+}
+
+/// Appends `event` to `out` with its data edited: its `event:` name, then the data on one line.
+fn write_event(event: &SseEvent, edits: &strip::Edits, out: &mut BytesMut) {
+    out.reserve(event.raw.len());
+    if let Some(name) = &event.event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\n");
+    }
+    out.extend_from_slice(b"data: ");
+    edits.write_to(event.data.as_deref().unwrap_or_default(), out);
+    out.extend_from_slice(b"\n\n");
 }
 
 #[cfg(test)]

@@ -94,7 +94,7 @@ impl SseSplitter {
     /// The end of the next whole line from `parsed` and where the line after it starts.
     fn next_line(&self) -> Option<(usize, usize)> {
         let rest = &self.buf[self.parsed..];
-        let at = rest.iter().position(|&b| b == b'\n' || b == b'\r')?;
+        let at = memchr::memchr2(b'\n', b'\r', rest)?;
         let end = self.parsed + at;
         if rest[at] == b'\n' {
             return Some((end, end + 1));

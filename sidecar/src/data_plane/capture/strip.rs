@@ -2,7 +2,8 @@
 //! the engine would have sent it had the request not been touched.
 //!
 //! Works on one event — a streamed chunk or a whole non-streamed body — as the engine wrote it,
-//! and touches only the fields it puts back: one scan finds where their values lie, and the
+//! and touches only the fields it puts back: one scan finds where their values lie
+//! ([`super::members`], shared with the assembler), and the
 //! event's bytes are copied with those ranges spliced out (to `null`, or with their key). Every
 //! other byte stays as the engine wrote it (numbers are never parsed and printed again, so a
 //! logprob the agent asked for keeps the engine's digits: `-2.1804921627044678` does not come
@@ -13,14 +14,12 @@
 //! UTF-8 sequence, a tool call being parsed): `delta: {}`, no finish. It skips them otherwise, so
 //! when the sidecar asked for both, such a chunk is dropped once its ids are taken out.
 
-use std::fmt;
 use std::ops::Range;
 
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
+use bytes::BufMut;
 use serde_json::value::RawValue;
 
+use super::members::{ChoiceMembers, Members};
 use super::request::{Injected, Unasked};
 
 /// What to send the agent for one event.
@@ -28,8 +27,9 @@ use super::request::{Injected, Unasked};
 pub enum Stripped {
     /// Nothing injected in it: the original bytes.
     Unchanged,
-    /// These bytes instead.
-    Rewritten(Vec<u8>),
+    /// The event with these edits made, written where the caller wants it
+    /// ([`Edits::write_to`]: a stream's events go straight into the bytes sent on).
+    Rewritten(Edits),
     /// A chunk the engine sent only because of what the sidecar asked for.
     Dropped,
 }
@@ -45,14 +45,22 @@ pub fn strip(event: &[u8], injected: &Injected) -> Stripped {
     if injected.is_empty() {
         return Stripped::Unchanged;
     }
-    let Ok(fields) = serde_json::from_slice::<Fields<'_>>(event) else {
+    match Members::scan(event) {
+        Some(members) => strip_scanned(event, &members, injected),
+        None => Stripped::Unchanged,
+    }
+}
+
+/// [`strip`] for an event already scanned (`members` of `event`).
+pub fn strip_scanned(event: &[u8], members: &Members<'_>, injected: &Injected) -> Stripped {
+    if injected.is_empty() {
         return Stripped::Unchanged;
-    };
+    }
     let mut edits = Edits::default();
     if injected.token_ids {
-        edits.unask(event, fields.prompt_token_ids, injected.unasked);
+        edits.unask(event, members.prompt_token_ids, injected.unasked);
     }
-    for choice in &fields.choices {
+    for choice in members.object_choices() {
         if injected.token_ids {
             edits.unask(event, choice.prompt_token_ids, injected.unasked);
             edits.unask(event, choice.token_ids, injected.unasked);
@@ -63,20 +71,28 @@ pub fn strip(event: &[u8], injected: &Injected) -> Stripped {
     }
     let only_held_back = injected.token_ids
         && injected.logprobs
-        && !fields.choices.is_empty()
-        && fields.choices.iter().all(Choice::holds_text_back);
-    if only_held_back && fields.usage.is_none_or(|u| u.get() == "null") {
+        && members.object_choices().next().is_some()
+        && members.object_choices().all(holds_text_back);
+    if only_held_back && members.usage.is_none_or(|u| u.get() == "null") {
         return Stripped::Dropped;
     }
-    match edits.apply(event) {
-        Some(bytes) => Stripped::Rewritten(bytes),
+    match edits.checked() {
+        Some(edits) => Stripped::Rewritten(edits),
         None => Stripped::Unchanged,
     }
 }
 
-/// The byte ranges of an event to replace, in any order.
-#[derive(Default)]
-struct Edits {
+/// A streamed choice that says nothing: an empty `delta` and no finish (vLLM's chunk for tokens
+/// whose text it holds back).
+fn holds_text_back(choice: &ChoiceMembers<'_>) -> bool {
+    let empty_delta = choice.delta.is_some_and(|d| d.get() == "{}");
+    let unfinished = choice.finish_reason.is_none_or(|f| f.get() == "null");
+    empty_delta && unfinished
+}
+
+/// Byte ranges of an event to replace; once [`Edits::checked`], in order and apart.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Edits {
     /// A range and what goes in its place.
     ranges: Vec<(Range<usize>, &'static str)>,
     /// A key was found where it could not be cut out exactly: leave the event alone.
@@ -84,6 +100,24 @@ struct Edits {
 }
 
 impl Edits {
+    /// The event with the edits made.
+    pub fn apply(&self, event: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(event.len());
+        self.write_to(event, &mut out);
+        out
+    }
+
+    /// Appends the event with the edits made to `out`.
+    pub fn write_to(&self, event: &[u8], out: &mut impl BufMut) {
+        let mut at = 0;
+        for (range, with) in &self.ranges {
+            out.put_slice(&event[at..range.start]);
+            out.put_slice(with.as_bytes());
+            at = range.end;
+        }
+        out.put_slice(&event[at..]);
+    }
+
     /// Puts the value `raw` (a slice of `event`) back the way the engine writes it unasked.
     fn unask(&mut self, event: &[u8], raw: Option<&RawValue>, unasked: Unasked) {
         let Some(raw) = raw else { return };
@@ -98,25 +132,15 @@ impl Edits {
         }
     }
 
-    /// The event with the edits made; `None` when there are none (or one cannot be made).
-    fn apply(mut self, event: &[u8]) -> Option<Vec<u8>> {
+    /// The edits in order; `None` when there are none (or one cannot be made).
+    fn checked(mut self) -> Option<Self> {
         if self.ranges.is_empty() || self.failed {
             return None;
         }
         self.ranges.sort_by_key(|(range, _)| range.start);
-        let mut out = Vec::with_capacity(event.len());
-        let mut at = 0;
-        for (range, with) in self.ranges {
-            if range.start < at {
-                // Overlapping edits cannot come from one parse of well-formed JSON.
-                return None;
-            }
-            out.extend_from_slice(&event[at..range.start]);
-            out.extend_from_slice(with.as_bytes());
-            at = range.end;
-        }
-        out.extend_from_slice(&event[at..]);
-        Some(out)
+        // Overlapping edits cannot come from one parse of well-formed JSON.
+        let apart = self.ranges.windows(2).all(|w| w[0].0.end <= w[1].0.start);
+        apart.then_some(self)
     }
 }
 
@@ -166,135 +190,6 @@ fn member(event: &[u8], value: Range<usize>) -> Option<Range<usize>> {
     }
 }
 
-/// The members of an event the strip looks at, each as the raw text it has in the event (`null`
-/// included: a present `null` is not an absent key). Others are skipped unparsed; an event that
-/// repeats one of these keys is left alone (no engine writes one).
-#[derive(Deserialize)]
-struct Fields<'a> {
-    #[serde(default, borrow, deserialize_with = "present")]
-    prompt_token_ids: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    usage: Option<&'a RawValue>,
-    /// The objects of `choices`; empty when it is not an array.
-    #[serde(default, borrow, deserialize_with = "choices")]
-    choices: Vec<Choice<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(default, borrow, deserialize_with = "present")]
-    prompt_token_ids: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    token_ids: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    logprobs: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    delta: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    finish_reason: Option<&'a RawValue>,
-}
-
-impl Choice<'_> {
-    /// A streamed choice that says nothing: an empty `delta` and no finish (vLLM's chunk for
-    /// tokens whose text it holds back).
-    fn holds_text_back(&self) -> bool {
-        let empty_delta = self.delta.is_some_and(|d| d.get() == "{}");
-        let unfinished = self.finish_reason.is_none_or(|f| f.get() == "null");
-        empty_delta && unfinished
-    }
-}
-
-/// A member that is there, `null` or not (`Option`'s own reading would make `null` absent).
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(deserializer).map(Some)
-}
-
-/// `choices`: its objects, or none when it is anything else.
-fn choices<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Choice<'de>>, D::Error> {
-    deserializer.deserialize_any(ObjectsOf)
-}
-
-/// Reads an array's objects as [`Choice`]s, skipping its other elements; anything but an array
-/// reads as no choice.
-struct ObjectsOf;
-
-/// A visitor's answer to any JSON scalar (`null`, a boolean, a number, a string).
-macro_rules! scalars_are {
-    ($value:expr) => {
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-    };
-}
-
-impl<'de> Visitor<'de> for ObjectsOf {
-    type Value = Vec<Choice<'de>>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("choices")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut choices = Vec::new();
-        while let Some(choice) = seq.next_element_seed(Element)? {
-            choices.extend(choice);
-        }
-        Ok(choices)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        IgnoredAny::deserialize(MapAccessDeserializer::new(map))?;
-        Ok(Vec::new())
-    }
-
-    scalars_are!(Vec::new());
-}
-
-/// One element of `choices`: `Some` for an object, `None` (skipped) for anything else.
-struct Element;
-
-impl<'de> DeserializeSeed<'de> for Element {
-    type Value = Option<Choice<'de>>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Element {
-    type Value = Option<Choice<'de>>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a choice")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        Choice::deserialize(MapAccessDeserializer::new(map)).map(Some)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        IgnoredAny::deserialize(SeqAccessDeserializer::new(seq))?;
-        Ok(None)
-    }
-
-    scalars_are!(None);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,7 +202,7 @@ mod tests {
 
     fn rewritten(event: &str, injected: &Injected) -> String {
         match strip(event.as_bytes(), injected) {
-            Stripped::Rewritten(bytes) => String::from_utf8(bytes).unwrap(),
+            Stripped::Rewritten(edits) => String::from_utf8(edits.apply(event.as_bytes())).unwrap(),
             other => panic!("not rewritten: {other:?}"),
         }
     }

@@ -346,7 +346,7 @@ mod tests {
 
     fn whole(body: &str, injected: Injected) -> String {
         match strip(body.as_bytes(), &injected) {
-            Stripped::Rewritten(bytes) => String::from_utf8(bytes).unwrap(),
+            Stripped::Rewritten(edits) => String::from_utf8(edits.apply(body.as_bytes())).unwrap(),
             _ => body.to_owned(),
         }
     }

@@ -1,8 +1,10 @@
-//! Chat and completions answers read straight from their bytes: the fields the assembler keeps
-//! are deserialised into their own types — token ids as integers, logprobs into the schema's
-//! entries — and everything else is skipped, so no JSON tree of the answer is built. Those
+//! Chat and completions answers read from the members one scan of their bytes found
+//! ([`Members`]): the fields the assembler keeps are deserialised from their text into their own
+//! types — token ids as integers, logprobs into the schema's entries, a delta's text borrowed —
+//! and everything else was skipped by the scan, so no JSON tree of the answer is built. Those
 //! fields are most of an answer's bytes once the sidecar asked for ids and logprobs (a logprob
-//! object per token), and building a tree of them was most of what recording cost.
+//! object per token), and building a tree of them was most of what recording cost. The same scan
+//! tells the strip what to cut out for the agent ([`super::super::strip::strip_scanned`]).
 //!
 //! Whatever does not fit these shapes (an error object, a field of an unexpected type, a chat
 //! logprob entry the schema cannot take) is refused, and the caller reads the answer as a tree
@@ -16,36 +18,55 @@ use serde_json::Value;
 
 use clawback_datapool::{Endpoint, TokenLogprob};
 
-use super::{chat_usage, push_str, set_once, Assembler, Ending};
+use super::{chat_usage, Assembler, Ending};
+use crate::data_plane::capture::members::{ChoiceMembers, Members};
 
-/// A chat or completions body or chunk, as far as the assembler reads it; `L` is how its
-/// endpoint spells a choice's logprobs.
-#[derive(Deserialize)]
-#[serde(bound(deserialize = "L: Deserialize<'de>"))]
-struct Event<'a, L> {
-    model: Option<Value>,
-    usage: Option<Value>,
-    prompt_token_ids: Option<Vec<u32>>,
-    choices: Option<Vec<Choice<L>>>,
-    // What makes it an error answer, which the tree reader handles.
-    #[serde(borrow)]
-    error: Option<&'a RawValue>,
-    object: Option<Cow<'a, str>>,
-    #[serde(rename = "type")]
-    kind: Option<Cow<'a, str>>,
+/// A member's value, parsed from its text; `null` or absent is `None`, a value of another shape
+/// an error.
+fn read<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> serde_json::Result<Option<T>> {
+    match raw {
+        Some(raw) => serde_json::from_str(raw.get()),
+        None => Ok(None),
+    }
 }
 
+/// A string, borrowed from the event's bytes where it has no escapes.
 #[derive(Deserialize)]
-#[serde(bound(deserialize = "L: Deserialize<'de>"))]
-struct Choice<L> {
-    index: Option<u64>,
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// What the assembler takes from a chat or completions body or chunk, all of it parsed before
+/// any is kept: an event it cannot take whole is read as a tree instead. `L` is how its endpoint
+/// spells a choice's logprobs.
+struct Event<'a, L> {
+    model: Option<Text<'a>>,
+    usage: Option<Value>,
+    prompt_token_ids: Option<Vec<u32>>,
+    /// Choice 0 (by its `index`, else its place), when the event has one.
+    choice: Option<Choice<'a, L>>,
+}
+
+struct Choice<'a, L> {
     prompt_token_ids: Option<Vec<u32>>,
     token_ids: Option<Vec<u32>>,
     logprobs: Option<L>,
-    finish_reason: Option<Value>,
-    message: Option<Value>,
-    delta: Option<Value>,
-    text: Option<Value>,
+    finish_reason: Option<Text<'a>>,
+    /// `message` (a whole answer) or `delta` (a chunk).
+    part: Option<Message<'a>>,
+    /// A completions choice's text.
+    text: Option<Text<'a>>,
+}
+
+/// A choice's `message` or `delta`: its text borrowed from the event's bytes where it has no
+/// escapes, so a streamed token's delta is appended without a JSON object built for it.
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning: Option<Cow<'a, str>>,
+    tool_calls: Option<Vec<Value>>,
 }
 
 /// Chat logprobs, read straight into the schema's entries: an entry the schema cannot take
@@ -73,11 +94,58 @@ impl Logprobs for Value {
     }
 }
 
-impl<L> Event<'_, L> {
-    fn is_error(&self) -> bool {
-        self.error.is_some_and(|e| e.get().starts_with('{'))
-            || self.object.as_deref() == Some("error")
-            || self.kind.as_deref() == Some("error")
+impl<'a, L: Logprobs> Event<'a, L> {
+    /// `None` for an error answer (which the tree reader records) or a member of another shape
+    /// than these readers take.
+    fn read(members: &Members<'a>, whole: bool) -> Option<Self> {
+        let is_error = members.error.is_some_and(|e| e.get().starts_with('{'))
+            || read::<Text>(members.object)
+                .ok()?
+                .is_some_and(|o| o.0 == "error")
+            || read::<Text>(members.kind)
+                .ok()?
+                .is_some_and(|k| k.0 == "error");
+        if is_error {
+            return None;
+        }
+        let choice = match members.choices.as_deref() {
+            Some(choices) => Self::choice_zero(choices, whole)?,
+            None => None,
+        };
+        Some(Event {
+            model: read(members.model).ok()?,
+            usage: read(members.usage).ok()?,
+            prompt_token_ids: read(members.prompt_token_ids).ok()?,
+            choice,
+        })
+    }
+
+    /// The choice with `index` 0 (or, without an index, the first), parsed: `Some(None)` when
+    /// there is none, `None` when the choices are not what these readers take.
+    fn choice_zero(
+        choices: &[Option<ChoiceMembers<'a>>],
+        whole: bool,
+    ) -> Option<Option<Choice<'a, L>>> {
+        let mut zero = None;
+        for (position, choice) in choices.iter().enumerate() {
+            // An element that is no object is the tree reader's business.
+            let choice = choice.as_ref()?;
+            let index = read::<u64>(choice.index).ok()?.unwrap_or(position as u64);
+            if index == 0 && zero.is_none() {
+                zero = Some(choice);
+            }
+        }
+        let Some(choice) = zero else {
+            return Some(None);
+        };
+        Some(Some(Choice {
+            prompt_token_ids: read(choice.prompt_token_ids).ok()?,
+            token_ids: read(choice.token_ids).ok()?,
+            logprobs: read(choice.logprobs).ok()?,
+            finish_reason: read(choice.finish_reason).ok()?,
+            part: read(if whole { choice.message } else { choice.delta }).ok()?,
+            text: read(choice.text).ok()?,
+        }))
     }
 }
 
@@ -86,29 +154,36 @@ impl Assembler {
     /// it is not of that shape: the caller then reads it as a tree ([`Assembler::on_body`],
     /// [`Assembler::on_event`]), which also records errors.
     pub fn on_chat_bytes(&mut self, bytes: &[u8], whole: bool) -> bool {
-        if !matches!(
+        Members::scan(bytes).is_some_and(|members| self.on_chat_members(&members, whole))
+    }
+
+    /// Whether this answer is read from its [`Members`] ([`Assembler::on_chat_members`]): a
+    /// chat or completions answer.
+    pub fn reads_members(&self) -> bool {
+        matches!(
             self.endpoint,
             Endpoint::ChatCompletions | Endpoint::Completions
-        ) {
-            return false;
-        }
+        )
+    }
+
+    /// [`Assembler::on_chat_bytes`] for an event already scanned.
+    pub fn on_chat_members(&mut self, members: &Members<'_>, whole: bool) -> bool {
         match self.endpoint {
-            Endpoint::Completions => self.typed_bytes::<Value>(bytes, whole),
-            _ => self.typed_bytes::<ChatLogprobs>(bytes, whole),
+            Endpoint::Completions => self.typed::<Value>(members, whole),
+            Endpoint::ChatCompletions => self.typed::<ChatLogprobs>(members, whole),
+            Endpoint::Responses | Endpoint::Messages => false,
         }
     }
 
-    fn typed_bytes<L: Logprobs>(&mut self, bytes: &[u8], whole: bool) -> bool {
-        let Ok(event) = serde_json::from_slice::<Event<'_, L>>(bytes) else {
+    fn typed<L: Logprobs>(&mut self, members: &Members<'_>, whole: bool) -> bool {
+        let Some(event) = Event::<L>::read(members, whole) else {
             return false;
         };
-        if event.is_error() {
-            return false;
-        }
-        if whole && event.choices.is_none() {
+        if whole && members.choices.is_none() {
+            // A body without an answer in it.
             return true;
         }
-        self.typed_chunk(event, whole);
+        self.typed_chunk(event);
         if whole {
             self.ending = Ending::Complete;
         }
@@ -116,9 +191,9 @@ impl Assembler {
     }
 
     /// [`Assembler::chunk`] for a typed event.
-    fn typed_chunk<L: Logprobs>(&mut self, event: Event<'_, L>, whole: bool) {
-        if let Some(model) = &event.model {
-            set_once(&mut self.model, model);
+    fn typed_chunk<L: Logprobs>(&mut self, event: Event<'_, L>) {
+        if let Some(Text(model)) = event.model.filter(|m| !m.0.is_empty()) {
+            self.model.get_or_insert_with(|| model.into_owned());
         }
         if let Some(usage) = event.usage.as_ref().and_then(chat_usage) {
             self.usage = Some(usage);
@@ -126,16 +201,7 @@ impl Assembler {
         if let Some(ids) = event.prompt_token_ids {
             self.prompt_ids.get_or_insert(ids);
         }
-        let Some(choice) = event
-            .choices
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .find(|(position, c)| c.index.unwrap_or(*position as u64) == 0)
-            .map(|(_, c)| c)
-        else {
-            return;
-        };
+        let Some(choice) = event.choice else { return };
         if let Some(ids) = choice.prompt_token_ids {
             self.prompt_ids.get_or_insert(ids);
         }
@@ -145,20 +211,26 @@ impl Assembler {
         if let Some(logprobs) = choice.logprobs {
             logprobs.add_to(self);
         }
-        if let Some(reason) = choice.finish_reason.as_ref().and_then(Value::as_str) {
-            self.finish_reason = Some(reason.to_owned());
+        if let Some(Text(reason)) = choice.finish_reason {
+            self.finish_reason = Some(reason.into_owned());
         }
-        match self.endpoint {
-            Endpoint::Completions => {
-                push_str(
-                    &mut self.content,
-                    choice.text.as_ref().unwrap_or(&Value::Null),
-                );
-            }
+        let text = match self.endpoint {
+            Endpoint::Completions => choice.text.map(|t| t.0),
             _ => {
-                let part = if whole { choice.message } else { choice.delta };
-                self.message(part.as_ref().unwrap_or(&Value::Null));
+                let Some(part) = choice.part else { return };
+                // vLLM ≥0.11 names it `reasoning`, older versions and SGLang
+                // `reasoning_content` (as the tree reader reads them).
+                if let Some(reasoning) = part.reasoning_content.or(part.reasoning) {
+                    self.reasoning.push_str(&reasoning);
+                }
+                if let Some(calls) = &part.tool_calls {
+                    self.add_tool_calls(calls);
+                }
+                part.content
             }
+        };
+        if let Some(text) = text {
+            self.content.push_str(&text);
         }
     }
 }
