@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use clawback_sidecar::config::UpstreamKind;
-use clawback_sidecar::data_plane::capture::strip::strip;
+use clawback_sidecar::data_plane::capture::strip::{strip, Stripped};
 use clawback_sidecar::data_plane::capture::{Assembler, Capture, Endpoint, Injected, Unasked};
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::{json, Value};
@@ -49,6 +49,14 @@ fn stream() -> Vec<u8> {
     }
     out.extend_from_slice(b"data: [DONE]\n\n");
     out
+}
+
+/// The event as the agent gets it.
+fn stripped(event: &[u8], injected: &Injected) -> Option<Vec<u8>> {
+    match strip(event, injected) {
+        Stripped::Rewritten(edits) => Some(edits.apply(event)),
+        _ => None,
+    }
 }
 
 fn capture(stream: bool) -> Capture {
@@ -93,7 +101,7 @@ fn benches(c: &mut Criterion) {
             let tree: Value = serde_json::from_slice(black_box(&body)).unwrap_or_default();
             let mut assembler = Assembler::new(Endpoint::ChatCompletions);
             assembler.on_body(&tree);
-            black_box(strip(&body, &injected));
+            black_box(stripped(&body, &injected));
             assembler.finish()
         })
     });
@@ -111,7 +119,7 @@ fn benches(c: &mut Criterion) {
             for data in &events {
                 let tree: Value = serde_json::from_slice(black_box(data)).unwrap_or_default();
                 assembler.on_event(None, &tree);
-                black_box(strip(data, &injected));
+                black_box(stripped(data, &injected));
             }
             assembler.on_done();
             assembler.finish()
