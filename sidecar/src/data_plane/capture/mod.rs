@@ -7,9 +7,9 @@
 //!    forwarded;
 //! 2. when the upstream's response head is in, [`Capture::response`] starts a [`ResponseCapture`],
 //!    and the relay passes it every body frame ([`ResponseCapture::on_frame`]) and forwards what
-//!    it says ([`Forward`]). Streams are cut into events ([`sse`]); each event's JSON is parsed
-//!    once, read by the [`assemble::Assembler`], and only when it held injected fields stripped
-//!    ([`strip`]) and serialised again. A plain body is held to its end and stripped whole, or,
+//!    it says ([`Forward`]). Streams are cut into events ([`sse`]); each event is scanned once
+//!    ([`members`]) for the [`assemble::Assembler`], which parses what it keeps, and for the
+//!    strip ([`strip`]), which cuts injected fields out of its bytes when it held any. A plain body is held to its end and stripped whole, or,
 //!    past the step cap, stripped as it streams past ([`strip_stream`]). When nothing was
 //!    injected every frame goes through as it came;
 //! 3. at the end of the body, [`ResponseCapture::finish`] gives the bytes still to send and the

@@ -4,9 +4,10 @@
 //! Works on one event — a streamed chunk or a whole non-streamed body — as the engine wrote it,
 //! and touches only the fields it puts back: one scan finds where their values lie (the
 //! assembler reads the same scan: [`super::members`]), and the event's bytes are copied with
-//! those ranges spliced out (to `null`, or with their key). Every other byte stays as the engine wrote it (numbers are never parsed and printed again, so a
-//! logprob the agent asked for keeps the engine's digits: `-2.1804921627044678` does not come
-//! back as `-2.180492162704468`, nor `-1.2e-05` as `-1.2e-5`; key order and spacing are kept).
+//! those ranges spliced out (to `null`, or with their key). Every other byte stays as the engine
+//! wrote it (numbers are never parsed and printed again, so a logprob the agent asked for keeps
+//! the engine's digits: `-2.1804921627044678` does not come back as `-2.180492162704468`, nor
+//! `-1.2e-05` as `-1.2e-5`; key order and spacing are kept).
 //! An unchanged event is reported as such and forwarded as its original bytes.
 //!
 //! With ids and logprobs on, vLLM also sends the chunks it holds text back in (an incomplete

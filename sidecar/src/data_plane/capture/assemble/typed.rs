@@ -150,13 +150,6 @@ impl<'a, L: Logprobs> Event<'a, L> {
 }
 
 impl Assembler {
-    /// A chat or completions body (`whole`) or streamed chunk, read from its bytes. `false` when
-    /// it is not of that shape: the caller then reads it as a tree ([`Assembler::on_body`],
-    /// [`Assembler::on_event`]), which also records errors.
-    pub fn on_chat_bytes(&mut self, bytes: &[u8], whole: bool) -> bool {
-        Members::scan(bytes).is_some_and(|members| self.on_chat_members(&members, whole))
-    }
-
     /// Whether this answer is read from its [`Members`] ([`Assembler::on_chat_members`]): a
     /// chat or completions answer.
     pub fn reads_members(&self) -> bool {
@@ -166,7 +159,9 @@ impl Assembler {
         )
     }
 
-    /// [`Assembler::on_chat_bytes`] for an event already scanned.
+    /// A chat or completions body (`whole`) or streamed chunk, read from the members its scan
+    /// found. `false` when it is not of that shape: the caller then reads it as a tree
+    /// ([`Assembler::on_body`], [`Assembler::on_event`]), which also records errors.
     pub fn on_chat_members(&mut self, members: &Members<'_>, whole: bool) -> bool {
         match self.endpoint {
             Endpoint::Completions => self.typed::<Value>(members, whole),
@@ -264,7 +259,8 @@ mod tests {
         let mut typed = 0;
         for event in events {
             let bytes = serde_json::to_vec(event).unwrap_or_default();
-            if assembler.on_chat_bytes(&bytes, whole) {
+            let members = Members::scan(&bytes);
+            if members.is_some_and(|members| assembler.on_chat_members(&members, whole)) {
                 typed += 1;
             } else if whole {
                 assembler.on_body(event);
