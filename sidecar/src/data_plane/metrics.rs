@@ -151,6 +151,7 @@ pub struct Metrics {
     pub records_dropped: Family<ReasonLabels, Counter>,
     pub records_spilled: Counter,
     pub records_replayed: Counter,
+    pub journal_left_at_start: Gauge,
     pub completions_taken_over: Counter,
     pub completions_short: Counter,
     pub connections_reclaimed: Counter,
@@ -300,6 +301,12 @@ impl Metrics {
             "Journal records the writer read back from the file: spilled ones, and a killed process's unfinished work",
             records_replayed.clone(),
         );
+        let journal_left_at_start = Gauge::default();
+        registry.register(
+            "journal_left_at_start_bytes",
+            "Journal bytes a stopped predecessor left unapplied, found when this process took its journal (applied before anything new)",
+            journal_left_at_start.clone(),
+        );
         let journal_append = overhead_buckets();
         registry.register(
             "journal_append_seconds",
@@ -407,6 +414,7 @@ impl Metrics {
             records_dropped,
             records_spilled,
             records_replayed,
+            journal_left_at_start,
             completions_taken_over,
             completions_short,
             connections_reclaimed,

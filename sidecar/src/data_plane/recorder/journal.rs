@@ -82,6 +82,8 @@ pub struct Journal {
     fsync: bool,
     /// Where the writer starts: the checkpoint found at open.
     recovered_from: u64,
+    /// The bytes after it then.
+    left_at_open: u64,
 }
 
 impl Journal {
@@ -163,6 +165,7 @@ impl Journal {
             _lock: lock,
             fsync,
             recovered_from: applied,
+            left_at_open: end - applied,
         };
         journal.checkpoint(applied)?;
         Ok(journal)
@@ -196,6 +199,12 @@ impl Journal {
             start: self.recovered_from,
             end: self.recovered_from,
         }
+    }
+
+    /// Bytes a predecessor left unapplied: what lay after the checkpoint when this process took
+    /// the journal.
+    pub fn left_at_open(&self) -> u64 {
+        self.left_at_open
     }
 
     /// The journal's end now.
@@ -400,6 +409,7 @@ mod tests {
     fn records_read_back_in_order_and_a_restart_resumes_after_the_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::open(dir.path(), false).unwrap();
+        assert_eq!(journal.left_at_open(), 0);
         let positions: Vec<Position> = (0..4).map(|n| journal.append(&[op(n)]).unwrap()).collect();
         assert_eq!(positions[0].start, 0);
         assert_eq!(positions[1].start, positions[0].end);
@@ -416,6 +426,7 @@ mod tests {
         let journal = Journal::open(dir.path(), false).unwrap();
         let from = journal.recovered_from();
         assert_eq!(from.start, positions[1].end);
+        assert_eq!(journal.left_at_open(), positions[3].end - positions[1].end);
         let left = journal
             .read(0, from.start, journal.end().end, u64::MAX)
             .unwrap()

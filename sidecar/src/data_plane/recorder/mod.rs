@@ -232,6 +232,9 @@ impl Recorder {
         } = datapool;
         let (queue, rx) = mpsc::channel(config.queue_capacity.max(1));
         let journal = Arc::new(journal::Journal::open(data_dir, config.journal_fsync)?);
+        metrics
+            .journal_left_at_start
+            .set(i64::try_from(journal.left_at_open()).unwrap_or(i64::MAX));
         let spilled = Arc::new(Notify::new());
         let queued_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (reports, reported) = mpsc::unbounded_channel();
