@@ -9,6 +9,7 @@ use serde_json::{json, Map};
 use uuid::Uuid;
 
 use crate::ids::{EvaluationId, StepId, TenantId, TrajectoryId, UnixMs};
+use crate::logprobs::CompletionLogprobs;
 use crate::schema::{
     AssistantOutput, Capture, CompletionReason, Endpoint, EngineTokens, Evaluation,
     EvaluationSource, NextState, PolicyRef, SamplingParams, Step, StepRequest, Timings,
@@ -112,7 +113,7 @@ pub fn tool_use_trajectory(tenant: TenantId) -> TrajectoryRecord {
             completion_token_ids: vec![
                 151657, 198, 4913, 606, 788, 330, 455, 69364, 151658, 151645,
             ],
-            completion_logprobs: vec![
+            completion_logprobs: CompletionLogprobs::from(vec![
                 TokenLogprob {
                     top_logprobs: vec![
                         TopLogprob {
@@ -137,7 +138,7 @@ pub fn tool_use_trajectory(tenant: TenantId) -> TrajectoryRecord {
                 lp("_weather", -0.0003),
                 lp("</tool_call>", -0.0009),
                 lp("<|im_end|>", -0.0001),
-            ],
+            ]),
         }),
         policy: policy.clone(),
         upstream: upstream.clone(),

@@ -18,6 +18,7 @@ pub mod ids;
 pub mod keys;
 pub mod local_sessions;
 pub mod local_store;
+pub mod logprobs;
 pub mod packed;
 mod redis_scripts;
 mod redis_session_scripts;
@@ -35,6 +36,7 @@ pub use error::{Error, Result};
 pub use ids::{EvaluationId, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 pub use local_sessions::LocalSessions;
 pub use local_store::LocalStore;
+pub use logprobs::{CompletionLogprobs, TokenRef};
 pub use redis_store::{Caps, RedisConfig, RedisStore};
 pub use schema::*;
 pub use sessions::{

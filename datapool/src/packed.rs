@@ -15,6 +15,7 @@
 //! the plain arrays of `SCHEMA.md`, and every reader takes either form: steps stored before this
 //! encoding read as they always did.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
 
@@ -23,9 +24,10 @@ use base64::Engine as _;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeMap;
-use serde::{Deserialize, Deserializer, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::schema::{TokenLogprob, TopLogprob};
+use crate::logprobs::{CompletionLogprobs, TokenRef};
+use crate::schema::TopLogprob;
 
 thread_local! {
     /// Whether the serialisation running on this thread is a store's.
@@ -44,7 +46,7 @@ pub(crate) fn packed<T>(serialise: impl FnOnce() -> T) -> T {
     serialise()
 }
 
-fn is_packed() -> bool {
+pub(crate) fn is_packed() -> bool {
     PACKED.with(Cell::get)
 }
 
@@ -96,82 +98,61 @@ fn unpack<const N: usize, E: de::Error>(what: &str, packed: &str) -> Result<Vec<
     Ok(values.to_vec())
 }
 
-/// Logprobs: packed columns for a store, an array of entries otherwise.
+/// Logprobs as a store keeps them: their columns.
 pub(crate) fn write_logprobs<S: Serializer>(
-    entries: &[TokenLogprob],
+    columns: &CompletionLogprobs,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
-    if !is_packed() {
-        return serializer.collect_seq(entries);
-    }
-    let logprobs: Vec<u8> = entries
+    let logprobs: Vec<u8> = columns
+        .logprobs()
         .iter()
-        .flat_map(|e| e.logprob.to_le_bytes())
+        .flat_map(|logprob| logprob.to_le_bytes())
         .collect();
-    let plain_bytes = entries
-        .iter()
-        .all(|e| e.bytes.as_deref() == Some(e.token.as_bytes()));
-    let any_top = entries.iter().any(|e| !e.top_logprobs.is_empty());
     let mut map = serializer.serialize_map(None)?;
     map.serialize_entry("logprob", &STANDARD.encode(logprobs))?;
-    let tokens: Vec<&str> = entries.iter().map(|e| e.token.as_str()).collect();
-    map.serialize_entry("token", &tokens)?;
-    if !plain_bytes {
-        let bytes: Vec<Option<&[u8]>> = entries.iter().map(|e| e.bytes.as_deref()).collect();
-        map.serialize_entry("bytes", &bytes)?;
+    map.serialize_entry("token", &Column(columns, |e| e.token))?;
+    if !columns.bytes_are_the_text() {
+        map.serialize_entry("bytes", &Column(columns, |e| e.bytes))?;
     }
-    if any_top {
-        let top: Vec<&[TopLogprob]> = entries.iter().map(|e| &e.top_logprobs[..]).collect();
-        map.serialize_entry("top_logprobs", &top)?;
+    if columns.has_alternatives() {
+        map.serialize_entry("top_logprobs", &Column(columns, |e| e.top_logprobs))?;
     }
     map.end()
+}
+
+/// One field of every entry, written as an array.
+struct Column<'a, T>(&'a CompletionLogprobs, fn(TokenRef<'a>) -> T);
+
+impl<'a, T: Serialize> Serialize for Column<'a, T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(self.1))
+    }
 }
 
 /// The packed columns, as read.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Columns {
-    logprob: String,
-    token: Vec<String>,
+struct Columns<'a> {
+    logprob: Cow<'a, str>,
+    #[serde(borrow)]
+    token: Vec<Cow<'a, str>>,
     #[serde(default)]
     bytes: Option<Vec<Option<Vec<u8>>>>,
     #[serde(default)]
     top_logprobs: Option<Vec<Vec<TopLogprob>>>,
 }
 
-/// Logprobs from either form.
-pub(crate) fn read_logprobs<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Vec<TokenLogprob>, D::Error> {
-    struct Logprobs;
-    impl<'de> Visitor<'de> for Logprobs {
-        type Value = Vec<TokenLogprob>;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("logprobs: an array of entries, or their packed columns")
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Vec<TokenLogprob>, A::Error> {
-            Vec::deserialize(SeqAccessDeserializer::new(seq))
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<TokenLogprob>, A::Error> {
-            let columns = Columns::deserialize(MapAccessDeserializer::new(map))?;
-            entries(columns)
-        }
-    }
-    deserializer.deserialize_any(Logprobs)
-}
-
-/// The entries the columns hold; columns of different lengths are refused.
-fn entries<E: de::Error>(columns: Columns) -> Result<Vec<TokenLogprob>, E> {
+/// Logprobs from their packed columns; columns of different lengths are refused.
+pub(crate) fn read_logprobs<'de, A: MapAccess<'de>>(
+    map: A,
+) -> Result<CompletionLogprobs, A::Error> {
     let Columns {
         logprob,
         token,
         bytes,
         top_logprobs,
-    } = columns;
-    let logprobs: Vec<f64> = unpack::<8, E>("logprobs", &logprob)?
+    } = Columns::deserialize(MapAccessDeserializer::new(map))?;
+    let logprobs: Vec<f64> = unpack::<8, A::Error>("logprobs", &logprob)?
         .into_iter()
         .map(f64::from_le_bytes)
         .collect();
@@ -182,7 +163,7 @@ fn entries<E: de::Error>(columns: Columns) -> Result<Vec<TokenLogprob>, E> {
         top_logprobs.as_ref().map(Vec::len),
     ];
     if lengths.iter().flatten().any(|&len| len != n) {
-        return Err(E::custom(format!(
+        return Err(de::Error::custom(format!(
             "packed logprobs: columns of different lengths ({n} tokens, {} logprobs, bytes {:?}, top_logprobs {:?})",
             logprobs.len(),
             lengths[1],
@@ -191,19 +172,20 @@ fn entries<E: de::Error>(columns: Columns) -> Result<Vec<TokenLogprob>, E> {
     }
     let mut bytes = bytes.map(Vec::into_iter);
     let mut top = top_logprobs.map(Vec::into_iter);
-    Ok(token
-        .into_iter()
-        .zip(logprobs)
-        .map(|(token, logprob)| TokenLogprob {
-            bytes: match &mut bytes {
-                Some(column) => column.next().flatten(),
-                None => Some(token.as_bytes().to_vec()),
-            },
-            top_logprobs: top.as_mut().and_then(Iterator::next).unwrap_or_default(),
-            token,
-            logprob,
-        })
-        .collect())
+    let mut columns = CompletionLogprobs::default();
+    for (token, logprob) in token.iter().zip(logprobs) {
+        let odd;
+        let bytes = match &mut bytes {
+            Some(column) => {
+                odd = column.next().flatten();
+                odd.as_deref()
+            }
+            None => Some(token.as_bytes()),
+        };
+        let top = top.as_mut().and_then(Iterator::next).unwrap_or_default();
+        columns.push(token, logprob, bytes, top);
+    }
+    Ok(columns)
 }
 
 #[cfg(test)]
@@ -212,13 +194,13 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::schema::EngineTokens;
+    use crate::schema::{EngineTokens, TokenLogprob};
 
     fn tokens() -> EngineTokens {
         EngineTokens {
             prompt_token_ids: vec![1, 70_000, u32::MAX],
             completion_token_ids: vec![9, 0],
-            completion_logprobs: vec![
+            completion_logprobs: CompletionLogprobs::from(vec![
                 TokenLogprob {
                     token: "Hé".into(),
                     logprob: -0.012_345_678_901_234_5,
@@ -235,7 +217,7 @@ mod tests {
                         bytes: None,
                     }],
                 },
-            ],
+            ]),
         }
     }
 
@@ -255,8 +237,8 @@ mod tests {
         let back: EngineTokens = serde_json::from_str(&stored).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, tokens);
         assert_eq!(
-            back.completion_logprobs[0].logprob.to_bits(),
-            tokens.completion_logprobs[0].logprob.to_bits()
+            back.completion_logprobs.logprobs()[0].to_bits(),
+            tokens.completion_logprobs.logprobs()[0].to_bits()
         );
     }
 

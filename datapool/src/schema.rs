@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::error::Error;
 use crate::ids::{EvaluationId, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
+use crate::logprobs::CompletionLogprobs;
 use crate::packed;
 
 /// The schema version this build writes and the newest it reads. 2: stored steps keep their
@@ -335,16 +336,12 @@ pub struct EngineTokens {
     pub completion_token_ids: Vec<u32>,
     /// `choices[0].logprobs.content`, one entry per completion token; empty when the engine
     /// returned none. Raw (pre-temperature) unless the engine ran `processed_logprobs`.
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        serialize_with = "packed::write_logprobs",
-        deserialize_with = "packed::read_logprobs"
-    )]
-    pub completion_logprobs: Vec<TokenLogprob>,
+    #[serde(default, skip_serializing_if = "CompletionLogprobs::is_empty")]
+    pub completion_logprobs: CompletionLogprobs,
 }
 
-/// One entry of OpenAI's `logprobs.content`.
+/// One entry of OpenAI's `logprobs.content`, owned (a step holds them as
+/// [`CompletionLogprobs`]' columns).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenLogprob {
     pub token: String,

@@ -263,7 +263,7 @@ fn a_streamed_completion_is_recorded_as_the_non_streamed_one() {
         engine.completion_token_ids.len()
     );
     assert_eq!(
-        engine.completion_logprobs.last().map(|l| l.token.as_str()),
+        engine.completion_logprobs.iter().last().map(|l| l.token),
         Some(engine_json::EOS_TEXT)
     );
 }

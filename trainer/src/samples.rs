@@ -245,8 +245,9 @@ impl Sample {
             Behaviour::Recorded => self.behaviour_logprobs.extend(
                 engine
                     .completion_logprobs
+                    .logprobs()
                     .iter()
-                    .map(|lp| lp.logprob as f32),
+                    .map(|&logprob| logprob as f32),
             ),
             Behaviour::CurrentPolicy => self.behaviour_logprobs.resize(self.input_ids.len(), 0.0),
         }
@@ -624,7 +625,8 @@ mod tests {
         // The engine stopped on <|im_end|> without returning it; the next prompt still has it.
         let first = engine_mut(&mut record.steps[0]);
         first.completion_token_ids.pop();
-        first.completion_logprobs.pop();
+        let kept = first.completion_token_ids.len();
+        first.completion_logprobs.truncate(kept);
         let eos_at = first.prompt_token_ids.len() + first.completion_token_ids.len();
         let (out, stats) = run(&record, SampleOptions::default());
 
@@ -781,7 +783,10 @@ mod tests {
     #[test]
     fn logprobs_that_do_not_pair_up_with_the_ids_are_flagged_and_left_to_the_current_policy() {
         let mut record = example();
-        engine_mut(&mut record.steps[1]).completion_logprobs.pop();
+        let second = engine_mut(&mut record.steps[1]);
+        second
+            .completion_logprobs
+            .truncate(second.completion_token_ids.len() - 1);
         let (out, stats) = run(&record, processed());
 
         assert_eq!(out.samples.len(), 1);
@@ -876,7 +881,7 @@ mod tests {
         let mut record = example();
         let e = engine_mut(&mut record.steps[0]);
         e.completion_token_ids.clear();
-        e.completion_logprobs.clear();
+        e.completion_logprobs.truncate(0);
         let (out, stats) = run(&record, SampleOptions::default());
         assert_eq!(out.samples.len(), 1);
         assert_eq!(out.samples[0].step_ids, vec![record.steps[1].id]);

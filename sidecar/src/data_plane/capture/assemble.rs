@@ -10,7 +10,8 @@
 //! - completions: the `text` of the choice;
 //! - for both: `prompt_token_ids` (top level or per choice), `token_ids` concatenated across
 //!   chunks, `logprobs` (chat `content` entries, or completions' parallel `tokens` /
-//!   `token_logprobs` arrays) converted to the schema's [`TokenLogprob`], `usage`, `model`;
+//!   `token_logprobs` arrays) appended to the schema's [`CompletionLogprobs`] columns, `usage`,
+//!   `model`;
 //! - the Responses API: the `output` items of a body or of the authoritative `response` of
 //!   `response.completed`; when a stream breaks before that, what the `output_item.done` events
 //!   and the text, reasoning and argument deltas gave so far. Message text becomes content,
@@ -27,7 +28,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use clawback_datapool::{AssistantOutput, Endpoint, EngineTokens, TokenLogprob, TopLogprob, Usage};
+use clawback_datapool::{
+    AssistantOutput, CompletionLogprobs, Endpoint, EngineTokens, TokenLogprob, TopLogprob, Usage,
+};
 
 /// Everything the recorder needs from one response.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -37,7 +40,7 @@ pub struct Assembled {
     pub engine: Option<EngineTokens>,
     /// Logprobs an engine returned without token ids (a streamed SGLang call). The schema has
     /// no place for them yet; they are kept so the recorder can decide.
-    pub logprobs_without_ids: Vec<TokenLogprob>,
+    pub logprobs_without_ids: CompletionLogprobs,
     pub finish_reason: Option<String>,
     pub usage: Option<Usage>,
     /// The `model` of the response: the base model or adapter that served it.
@@ -71,7 +74,7 @@ pub struct Assembler {
     items: BTreeMap<u64, Item>,
     prompt_ids: Option<Vec<u32>>,
     completion_ids: Option<Vec<u32>>,
-    logprobs: Vec<TokenLogprob>,
+    logprobs: CompletionLogprobs,
     /// An entry could not be read: the logprobs no longer line up with the ids.
     logprobs_broken: bool,
     finish_reason: Option<String>,
@@ -108,7 +111,7 @@ impl Assembler {
             items: BTreeMap::new(),
             prompt_ids: None,
             completion_ids: None,
-            logprobs: Vec::new(),
+            logprobs: CompletionLogprobs::default(),
             logprobs_broken: false,
             finish_reason: None,
             usage: None,
@@ -181,7 +184,7 @@ impl Assembler {
             _ => self.finish_reason,
         };
         let logprobs = if self.logprobs_broken {
-            Vec::new()
+            CompletionLogprobs::default()
         } else {
             self.logprobs
         };
@@ -192,14 +195,14 @@ impl Assembler {
                 let logprobs = if logprobs.len() == completion.len() {
                     logprobs
                 } else {
-                    Vec::new()
+                    CompletionLogprobs::default()
                 };
                 let engine = EngineTokens {
                     prompt_token_ids: prompt,
                     completion_token_ids: completion,
                     completion_logprobs: logprobs,
                 };
-                (Some(engine), Vec::new())
+                (Some(engine), CompletionLogprobs::default())
             }
             _ => (None, logprobs),
         };
@@ -292,7 +295,7 @@ impl Assembler {
             return;
         };
         match converted {
-            Some(entries) => self.logprobs.extend(entries),
+            Some(entries) => self.logprobs.append(entries.into()),
             None => self.logprobs_broken = true,
         }
     }
@@ -907,7 +910,8 @@ mod tests {
             .map(|l| l.logprob)
             .collect();
         assert_eq!(logprobs, vec![-0.25, -1.5, -0.0004]);
-        assert_eq!(engine.completion_logprobs[0].bytes, Some(b"Hi".to_vec()));
+        let first = engine.completion_logprobs.get(0).map(|e| e.to_entry());
+        assert_eq!(first.and_then(|e| e.bytes), Some(b"Hi".to_vec()));
         assert_eq!(assembled.output.content.as_deref(), Some("Hi"));
     }
 
@@ -944,7 +948,8 @@ mod tests {
         );
         assert_eq!(assembled.engine, None);
         assert_eq!(assembled.logprobs_without_ids.len(), 1);
-        assert_eq!(assembled.logprobs_without_ids[0].token, "Hi");
+        let first = assembled.logprobs_without_ids.get(0).map(|e| e.token);
+        assert_eq!(first, Some("Hi"));
     }
 
     #[test]
@@ -964,9 +969,11 @@ mod tests {
         assert_eq!(assembled.finish_reason.as_deref(), Some("length"));
         let engine = assembled.engine.unwrap_or_default();
         assert_eq!(engine.prompt_token_ids, vec![785, 6722]);
-        assert_eq!(engine.completion_logprobs[1].token, " is");
-        assert_eq!(engine.completion_logprobs[1].logprob, -0.25);
-        let alternatives: Vec<&str> = engine.completion_logprobs[1]
+        let second = engine.completion_logprobs.get(1).map(|e| e.to_entry());
+        let second = second.unwrap_or_default();
+        assert_eq!(second.token, " is");
+        assert_eq!(second.logprob, -0.25);
+        let alternatives: Vec<&str> = second
             .top_logprobs
             .iter()
             .map(|t| t.token.as_str())

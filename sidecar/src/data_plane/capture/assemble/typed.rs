@@ -11,12 +11,14 @@
 //! instead: what is recorded is the same either way.
 
 use std::borrow::Cow;
+use std::fmt;
 
-use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use clawback_datapool::{Endpoint, TokenLogprob};
+use clawback_datapool::{CompletionLogprobs, Endpoint};
 
 use super::{chat_usage, Assembler, Ending};
 use crate::data_plane::capture::members::{ChoiceMembers, Members};
@@ -35,20 +37,21 @@ fn read<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> serde_json::Result
 struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// What the assembler takes from a chat or completions body or chunk, all of it parsed before
-/// any is kept: an event it cannot take whole is read as a tree instead. `L` is how its endpoint
-/// spells a choice's logprobs.
-struct Event<'a, L> {
+/// any is kept (the logprobs last, straight onto the answer's, undone if they fail): an event it
+/// cannot take whole is read as a tree instead.
+struct Event<'a> {
     model: Option<Text<'a>>,
     usage: Option<Value>,
     prompt_token_ids: Option<Vec<u32>>,
     /// Choice 0 (by its `index`, else its place), when the event has one.
-    choice: Option<Choice<'a, L>>,
+    choice: Option<Choice<'a>>,
 }
 
-struct Choice<'a, L> {
+struct Choice<'a> {
     prompt_token_ids: Option<Vec<u32>>,
     token_ids: Option<Vec<u32>>,
-    logprobs: Option<L>,
+    /// Read last, by the endpoint's [`Logprobs`].
+    logprobs: Option<&'a RawValue>,
     finish_reason: Option<Text<'a>>,
     /// `message` (a whole answer) or `delta` (a chunk).
     part: Option<Message<'a>>,
@@ -69,32 +72,93 @@ struct Message<'a> {
     tool_calls: Option<Vec<Value>>,
 }
 
-/// Chat logprobs, read straight into the schema's entries: an entry the schema cannot take
-/// fails the whole event, which the tree reader then reads (and marks the logprobs broken).
-#[derive(Deserialize)]
-struct ChatLogprobs {
-    content: Vec<TokenLogprob>,
+/// A choice's logprobs as its endpoint spells them, read onto the answer's: on an error nothing
+/// is added (and the event is read as a tree instead).
+trait Logprobs {
+    fn read_onto(raw: &RawValue, assembler: &mut Assembler) -> serde_json::Result<()>;
 }
 
-/// A choice's logprobs as its endpoint spells them, added to the answer.
-trait Logprobs: for<'de> Deserialize<'de> {
-    fn add_to(self, assembler: &mut Assembler);
-}
+/// Chat's `{"content": [entries]}`, each entry read onto the answer's columns
+/// ([`CompletionLogprobs::append_from`]): no object per token, nor columns per chunk. An entry
+/// the schema cannot take fails the whole event, which the tree reader then reads (and marks
+/// the logprobs broken).
+struct ChatLogprobs;
 
 impl Logprobs for ChatLogprobs {
-    fn add_to(self, assembler: &mut Assembler) {
-        assembler.logprobs.extend(self.content);
+    fn read_onto(raw: &RawValue, assembler: &mut Assembler) -> serde_json::Result<()> {
+        let mut json = serde_json::Deserializer::from_str(raw.get());
+        ContentOnto(&mut assembler.logprobs).deserialize(&mut json)?;
+        json.end()
     }
 }
 
 /// Completions' parallel `tokens` / `token_logprobs` arrays, read as a tree.
-impl Logprobs for Value {
-    fn add_to(self, assembler: &mut Assembler) {
-        assembler.add_logprobs(&self);
+struct CompletionsLogprobs;
+
+impl Logprobs for CompletionsLogprobs {
+    fn read_onto(raw: &RawValue, assembler: &mut Assembler) -> serde_json::Result<()> {
+        assembler.add_logprobs(&serde_json::from_str(raw.get())?);
+        Ok(())
     }
 }
 
-impl<'a, L: Logprobs> Event<'a, L> {
+/// A chat choice's `logprobs` (`null`, or an object with `content`), its entries appended.
+struct ContentOnto<'c>(&'c mut CompletionLogprobs);
+
+impl<'de> DeserializeSeed<'de> for ContentOnto<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContentOnto<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("chat logprobs: null or {\"content\": [entries]}")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let before = self.0.len();
+        let mut content = false;
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            if key.0 == "content" && !content {
+                content = true;
+                map.next_value_seed(Appended(&mut *self.0))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        if !content {
+            self.0.truncate(before);
+            return Err(de::Error::missing_field("content"));
+        }
+        Ok(())
+    }
+}
+
+/// An array of entries appended to the columns ([`CompletionLogprobs::append_from`]).
+struct Appended<'c>(&'c mut CompletionLogprobs);
+
+impl<'de> DeserializeSeed<'de> for Appended<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        self.0.append_from(deserializer)
+    }
+}
+
+impl<'a> Event<'a> {
     /// `None` for an error answer (which the tree reader records) or a member of another shape
     /// than these readers take.
     fn read(members: &Members<'a>, whole: bool) -> Option<Self> {
@@ -125,7 +189,7 @@ impl<'a, L: Logprobs> Event<'a, L> {
     fn choice_zero(
         choices: &[Option<ChoiceMembers<'a>>],
         whole: bool,
-    ) -> Option<Option<Choice<'a, L>>> {
+    ) -> Option<Option<Choice<'a>>> {
         let mut zero = None;
         for (position, choice) in choices.iter().enumerate() {
             // An element that is no object is the tree reader's business.
@@ -141,7 +205,7 @@ impl<'a, L: Logprobs> Event<'a, L> {
         Some(Some(Choice {
             prompt_token_ids: read(choice.prompt_token_ids).ok()?,
             token_ids: read(choice.token_ids).ok()?,
-            logprobs: read(choice.logprobs).ok()?,
+            logprobs: choice.logprobs,
             finish_reason: read(choice.finish_reason).ok()?,
             part: read(if whole { choice.message } else { choice.delta }).ok()?,
             text: read(choice.text).ok()?,
@@ -164,16 +228,22 @@ impl Assembler {
     /// ([`Assembler::on_body`], [`Assembler::on_event`]), which also records errors.
     pub fn on_chat_members(&mut self, members: &Members<'_>, whole: bool) -> bool {
         match self.endpoint {
-            Endpoint::Completions => self.typed::<Value>(members, whole),
+            Endpoint::Completions => self.typed::<CompletionsLogprobs>(members, whole),
             Endpoint::ChatCompletions => self.typed::<ChatLogprobs>(members, whole),
             Endpoint::Responses | Endpoint::Messages => false,
         }
     }
 
     fn typed<L: Logprobs>(&mut self, members: &Members<'_>, whole: bool) -> bool {
-        let Some(event) = Event::<L>::read(members, whole) else {
+        let Some(event) = Event::read(members, whole) else {
             return false;
         };
+        let logprobs = event.choice.as_ref().and_then(|c| c.logprobs);
+        if let Some(raw) = logprobs {
+            if L::read_onto(raw, self).is_err() {
+                return false;
+            }
+        }
         if whole && members.choices.is_none() {
             // A body without an answer in it.
             return true;
@@ -186,7 +256,7 @@ impl Assembler {
     }
 
     /// [`Assembler::chunk`] for a typed event.
-    fn typed_chunk<L: Logprobs>(&mut self, event: Event<'_, L>) {
+    fn typed_chunk(&mut self, event: Event<'_>) {
         if let Some(Text(model)) = event.model.filter(|m| !m.0.is_empty()) {
             self.model.get_or_insert_with(|| model.into_owned());
         }
@@ -202,9 +272,6 @@ impl Assembler {
         }
         if let Some(ids) = choice.token_ids {
             self.completion_ids.get_or_insert_with(Vec::new).extend(ids);
-        }
-        if let Some(logprobs) = choice.logprobs {
-            logprobs.add_to(self);
         }
         if let Some(Text(reason)) = choice.finish_reason {
             self.finish_reason = Some(reason.into_owned());
@@ -328,11 +395,20 @@ mod tests {
                 true,
                 1,
             ),
-            // An entry the schema cannot take (top_logprobs null): the event read as a tree.
+            // `top_logprobs: null` reads as no alternatives, as the tree reader reads it.
             (
                 chat,
                 vec![json!({"choices": [{"index": 0, "message": {"content": "x"},
                 "logprobs": {"content": [{"token": "x", "logprob": -1.0, "top_logprobs": null}]},
+                "token_ids": [3]}], "prompt_token_ids": [1]})],
+                true,
+                1,
+            ),
+            // An entry the schema cannot take (a null logprob): the event read as a tree.
+            (
+                chat,
+                vec![json!({"choices": [{"index": 0, "message": {"content": "x"},
+                "logprobs": {"content": [{"token": "x", "logprob": null}]},
                 "token_ids": [3]}], "prompt_token_ids": [1]})],
                 true,
                 0,
