@@ -86,9 +86,16 @@ struct ChatLogprobs;
 
 impl Logprobs for ChatLogprobs {
     fn read_onto(raw: &RawValue, assembler: &mut Assembler) -> serde_json::Result<()> {
+        let before = assembler.logprobs.len();
         let mut json = serde_json::Deserializer::from_str(raw.get());
-        ContentOnto(&mut assembler.logprobs).deserialize(&mut json)?;
-        json.end()
+        let read = ContentOnto(&mut assembler.logprobs)
+            .deserialize(&mut json)
+            .and_then(|()| json.end());
+        if read.is_err() {
+            // The tree reader reads the event again: none of it may stay.
+            assembler.logprobs.truncate(before);
+        }
+        read
     }
 }
 
@@ -129,7 +136,6 @@ impl<'de> Visitor<'de> for ContentOnto<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let before = self.0.len();
         let mut content = false;
         while let Some(key) = map.next_key::<Text<'de>>()? {
             if key.0 == "content" && !content {
@@ -140,7 +146,6 @@ impl<'de> Visitor<'de> for ContentOnto<'_> {
             }
         }
         if !content {
-            self.0.truncate(before);
             return Err(de::Error::missing_field("content"));
         }
         Ok(())
