@@ -63,7 +63,10 @@ fn evaluate_step(c: &mut Criterion) {
             |b, step| {
                 b.to_async(&runtime).iter(|| async {
                     calls.fetch_add(1, Ordering::Relaxed);
-                    let result = standalone.run_step("bench", step, &next, &metadata).await;
+                    let result = standalone
+                        .run_step("bench", step, &next, &metadata)
+                        .await
+                        .result;
                     if let Err(failure) = &result {
                         failed.fetch_add(1, Ordering::Relaxed);
                         let mut reason = reason.lock().unwrap_or_else(|p| p.into_inner());

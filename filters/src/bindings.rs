@@ -1,6 +1,6 @@
 //! Host-side bindings of the filter world (`filters/wit/filter.wit`).
 //!
-//! Exports are called asynchronously (so the epoch callback can yield and a timeout can cancel
+//! Exports are called asynchronously (so a call yields as it burns fuel and a timeout can cancel
 //! a call waiting on the judge); `judge` is the one async import, and it may trap: calling it
 //! again after its budget was refused stops the plugin.
 

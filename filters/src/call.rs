@@ -1,5 +1,5 @@
 //! One plugin call in a fresh store: instantiate, call, and turn whatever went wrong — a trap,
-//! the deadline, the memory limit, the timeout backstop, an answer out of bounds — into a
+//! the fuel budget, the memory limit, the timeout backstop, an answer out of bounds — into a
 //! [`Failure`] that says why. Nothing a plugin does fails the caller.
 
 use std::sync::Arc;
@@ -26,8 +26,8 @@ pub enum Input<'a> {
 /// Why a call produced no evaluation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
-    /// Low-cardinality kind, for metrics: `deadline`, `timeout`, `out_of_memory`, `trap`,
-    /// `judge_budget`, `invalid_output`, `instantiate`.
+    /// Low-cardinality kind, for metrics: `fuel`, `timeout`, `out_of_memory`, `trap`,
+    /// `judge_budget`, `invalid_output`, `instantiate`, `sandbox`.
     pub kind: &'static str,
     /// The reason stored on the `filter_error` evaluation.
     pub reason: String,
@@ -37,6 +37,20 @@ impl Failure {
     fn new(kind: &'static str, reason: String) -> Self {
         Self { kind, reason }
     }
+
+    /// Whether the call failed for the host's reasons, not the plugin's: the wall-clock
+    /// backstop (a busy host, a slow judge) or a store the host could not set up. Such a call
+    /// is tried again; what the plugin itself did (its fuel, its memory, a trap, its answer)
+    /// would fail the same way again.
+    pub fn is_the_hosts(&self) -> bool {
+        matches!(self.kind, "timeout" | "sandbox")
+    }
+}
+
+/// What one call gave, and the fuel it burnt.
+pub struct Called {
+    pub result: Result<Evaluation, Failure>,
+    pub fuel_used: u64,
 }
 
 /// Runs `input` through `plugin` in a fresh store, within `timeout` of wall-clock time.
@@ -46,8 +60,16 @@ pub async fn run(
     host: CallHost,
     input: Input<'_>,
     timeout: Duration,
-) -> Result<Evaluation, Failure> {
-    let mut store = sandbox.store(host);
+) -> Called {
+    let mut store = match sandbox.store(host) {
+        Ok(store) => store,
+        Err(error) => {
+            return Called {
+                result: Err(Failure::new("sandbox", error.to_string())),
+                fuel_used: 0,
+            }
+        }
+    };
     let called = tokio::time::timeout(timeout, async {
         let filter = plugin
             .instantiate(&mut store)
@@ -64,20 +86,20 @@ pub async fn run(
         .map_err(|e| (false, e))
     })
     .await;
+    let fuel_used = store
+        .get_fuel()
+        .map_or(0, |left| sandbox.fuel().saturating_sub(left));
     let state = store.data();
-    match called {
+    let result = match called {
         Err(_) => Err(Failure::new(
             "timeout",
             format!("timeout: the call took over {}", humantime(timeout)),
         )),
         Ok(Ok(evaluation)) => check(evaluation),
-        Ok(Err((instantiating, error))) => Err(match state.stop_reason() {
-            Some(Stopped::Deadline(limit)) => Failure::new(
-                "deadline",
-                format!(
-                    "deadline: stopped after {} of execution (the plugin's deadline)",
-                    humantime(limit)
-                ),
+        Ok(Err((instantiating, error))) => Err(match state.stop_reason(&error) {
+            Some(Stopped::OutOfFuel(fuel)) => Failure::new(
+                "fuel",
+                format!("fuel: stopped after {fuel} units of work (the plugin's fuel budget)"),
             ),
             Some(Stopped::OutOfMemory(limit)) => Failure::new(
                 "out_of_memory",
@@ -104,7 +126,8 @@ pub async fn run(
                 }
             },
         }),
-    }
+    };
+    Called { result, fuel_used }
 }
 
 /// Refuses an answer out of bounds: a reward outside [-1, 1], an oversized hint or labels.

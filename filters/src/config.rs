@@ -7,18 +7,28 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The default fuel of a call: 500 million units, about a quarter of a second of Wasm on one
+/// core of the machines here, and over a hundred times what the shipped plugins burn on a
+/// long step (`letter_case`, `exact_answer`: well under 4 million on a 30-turn step).
+pub const DEFAULT_FUEL: u64 = 500_000_000;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FiltersConfig {
     /// Directory of plugin components (`*.wasm`, the file stem is the plugin's name). Unset: no
     /// filters run.
     pub dir: Option<PathBuf>,
-    /// Guest execution time one call may use (time waiting on the judge not counted).
-    #[serde(with = "humantime_serde")]
-    pub deadline: Duration,
-    /// Wall-clock backstop for a whole call, judge calls included.
+    /// Work one call may do, in wasmtime fuel (about one unit per Wasm instruction; waiting on
+    /// the judge burns none). A budget of work, not time: a busy host does not stop a call that
+    /// a quiet one finishes. `clawback-sidecar plugin run` prints what a call burnt.
+    pub fuel: u64,
+    /// Wall-clock backstop for a whole call, judge calls included. A call stopped by it failed
+    /// for the host's reasons (a busy host, a slow judge) and is tried again, up to
+    /// `host_retries` times, before its `filter_error` is recorded.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
+    /// Tries again of a call that failed for the host's reasons (see `call_timeout`).
+    pub host_retries: u32,
     /// Linear memory one plugin instance may grow to, in bytes.
     pub memory_limit: usize,
     /// Plugin calls running at once, across plugins.
@@ -132,8 +142,9 @@ impl Default for FiltersConfig {
     fn default() -> Self {
         Self {
             dir: None,
-            deadline: Duration::from_millis(200),
+            fuel: DEFAULT_FUEL,
             call_timeout: Duration::from_secs(120),
+            host_retries: 2,
             memory_limit: 64 << 20,
             max_concurrency: 16,
             queue_capacity: 4096,

@@ -179,7 +179,7 @@ impl Filters {
         let sandbox = Arc::new(Sandbox::new(
             config.max_concurrency,
             config.memory_limit,
-            config.deadline,
+            config.fuel,
         )?);
         // Compiling the plugins happens on the filters' own threads.
         let registry = runtime
@@ -671,24 +671,42 @@ impl Inner {
             return None;
         };
         let plugin = &loaded.plugin;
-        let host = CallHost::new(
-            plugin.name.clone(),
-            tenant.as_str().to_owned(),
-            config,
-            self.judge.clone(),
-        );
         let input = match job {
             Job::Step { view, next, .. } => Input::Step(view, next),
             Job::Trajectory { view } => Input::Trajectory(view),
         };
-        let started = Instant::now();
-        let result = call::run(&self.sandbox, plugin, host, input, self.config.call_timeout).await;
-        self.metrics
-            .duration
-            .get_or_create(&PluginLabels {
-                plugin: plugin.name.clone(),
-            })
-            .observe(started.elapsed().as_secs_f64());
+        let labels = PluginLabels {
+            plugin: plugin.name.clone(),
+        };
+        let mut tries = 0;
+        let result = loop {
+            let host = CallHost::new(
+                plugin.name.clone(),
+                tenant.as_str().to_owned(),
+                Arc::clone(&config),
+                self.judge.clone(),
+            );
+            let started = Instant::now();
+            let called =
+                call::run(&self.sandbox, plugin, host, input, self.config.call_timeout).await;
+            self.metrics
+                .duration
+                .get_or_create(&labels)
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics
+                .fuel
+                .get_or_create(&labels)
+                .observe(called.fuel_used as f64);
+            match called.result {
+                // The host's reasons, not the plugin's: its reward is not lost to them.
+                Err(failure) if failure.is_the_hosts() && tries < self.config.host_retries => {
+                    tries += 1;
+                    tracing::info!(plugin = %plugin.name, reason = %failure.reason, "filter call failed for the host's reasons: trying again");
+                    self.metrics.host_retries.get_or_create(&labels).inc();
+                }
+                result => break result,
+            }
+        };
         let change = loaded.breaker.record(result.is_ok());
         self.breaker_changed(loaded, change, result.as_ref().err());
         let (verdict, labels, outcome) = match result {

@@ -36,7 +36,8 @@ pub struct CallLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub plugin: PluginName,
-    /// `deadline`, `timeout`, `out_of_memory`, `trap`, `judge_budget`, `invalid_output`, `instantiate`.
+    /// `fuel`, `timeout`, `out_of_memory`, `trap`, `judge_budget`, `invalid_output`,
+    /// `instantiate`, `sandbox`.
     pub reason: &'static str,
 }
 
@@ -66,12 +67,20 @@ fn call_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.000_01, 2.0, 22))
 }
 
+fn fuel_buckets() -> Histogram {
+    // 10 thousand .. ~40 billion units: a trivial check up to past any sane budget.
+    Histogram::new(exponential_buckets(10_000.0, 4.0, 12))
+}
+
 /// Cheap to clone: every family is shared.
 #[derive(Clone)]
 pub struct Metrics {
     pub calls: Family<CallLabels, Counter>,
     pub errors: Family<ErrorLabels, Counter>,
     pub duration: HistogramFamily<PluginLabels>,
+    pub fuel: HistogramFamily<PluginLabels>,
+    /// Calls tried again after failing for the host's reasons.
+    pub host_retries: Family<PluginLabels, Counter>,
     pub disabled: Family<PluginLabels, Gauge>,
     pub judge_requests: Family<JudgeLabels, Counter>,
     pub reloads: Family<ReloadLabels, Counter>,
@@ -87,6 +96,8 @@ impl Default for Metrics {
             calls: Family::default(),
             errors: Family::default(),
             duration: Family::new_with_constructor(call_buckets),
+            fuel: Family::new_with_constructor(fuel_buckets),
+            host_retries: Family::default(),
             disabled: Family::default(),
             judge_requests: Family::default(),
             reloads: Family::default(),
@@ -114,6 +125,16 @@ impl Metrics {
             "call_duration_seconds",
             "Duration of one plugin call, judge calls included",
             self.duration.clone(),
+        );
+        registry.register(
+            "fuel_used",
+            "Fuel (units of Wasm work) one plugin call burnt, of its filters.fuel budget",
+            self.fuel.clone(),
+        );
+        registry.register(
+            "host_retries",
+            "Plugin calls tried again because they failed for the host's reasons (the call_timeout backstop)",
+            self.host_retries.clone(),
         );
         registry.register(
             "disabled",

@@ -146,7 +146,7 @@ async fn describe(
     name: &PluginName,
 ) -> Result<PluginInfo, String> {
     let host = CallHost::new(name.clone(), String::new(), Arc::default(), None);
-    let mut store = sandbox.store(host);
+    let mut store = sandbox.store(host).map_err(|e| e.to_string())?;
     let filter = pre
         .instantiate_async(&mut store)
         .await

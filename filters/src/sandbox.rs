@@ -1,17 +1,18 @@
-//! The sandbox every plugin call runs in: one [`Engine`] (pooling allocator, epoch
-//! interruption, async calls), a ticker thread that advances the epoch, and a fresh [`Store`]
-//! per call with a memory limit, an execution deadline and a WASI context that grants nothing
-//! (no files, no sockets, frozen clocks, no environment).
+//! The sandbox every plugin call runs in: one [`Engine`] (pooling allocator, fuel, async calls)
+//! and a fresh [`Store`] per call with a memory limit, a budget of work (fuel) and a WASI
+//! context that grants nothing (no files, no sockets, frozen clocks, no environment).
+//!
+//! A call's budget is work done, not time: wasmtime's fuel, about one unit per Wasm instruction.
+//! A wall-clock deadline stopped calls a quiet host finishes whenever the cores were busy (a
+//! reward lost to the host's load, not the plugin's); fuel stops the same call at the same
+//! instruction on any host.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{
     Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter,
-    Store, UpdateDeadline,
+    Store,
 };
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
@@ -21,8 +22,8 @@ use crate::host::CallHost;
 /// What a call may write to stderr (a panic message) and the host keeps for the reason.
 const STDERR_CAP: usize = 4096;
 
-/// How often the epoch advances: the granularity of the execution deadline.
-const TICK: Duration = Duration::from_millis(2);
+/// Fuel between a call's yields to the runtime's other calls (about a millisecond of work).
+const YIELD_EVERY: u64 = 1_000_000;
 
 /// The pages of a memory slot a call wrote that stay mapped for the next call, reset by copying
 /// instead of being handed back to the kernel. Handing them back (`madvise`, a TLB shootdown)
@@ -35,7 +36,8 @@ const TABLE_KEEP_RESIDENT: usize = 1 << 20;
 /// Why the host stopped a call on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stopped {
-    Deadline(Duration),
+    /// The call's fuel (this much) ran out.
+    OutOfFuel(u64),
     OutOfMemory(usize),
 }
 
@@ -76,9 +78,7 @@ pub struct CallState {
     pub limits: Limits,
     wasi: WasiCtx,
     table: ResourceTable,
-    started: Instant,
-    deadline: Duration,
-    pub stopped: Option<Stopped>,
+    fuel: u64,
     stderr: MemoryOutputPipe,
 }
 
@@ -118,13 +118,11 @@ pub fn keeps_written_pages() -> bool {
     PoolingAllocationConfig::is_pagemap_scan_available()
 }
 
-/// The shared engine and its epoch ticker.
+/// The shared engine.
 pub struct Sandbox {
     engine: Engine,
     memory_limit: usize,
-    deadline: Duration,
-    ticking: Arc<AtomicBool>,
-    ticker: Option<JoinHandle<()>>,
+    fuel: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,11 +131,11 @@ pub struct SandboxError(String);
 
 impl Sandbox {
     /// An engine for up to `max_concurrency` calls at once, each limited to `memory_limit` bytes
-    /// of linear memory and `deadline` of execution.
+    /// of linear memory and `fuel` units of work.
     pub fn new(
         max_concurrency: usize,
         memory_limit: usize,
-        deadline: Duration,
+        fuel: u64,
     ) -> Result<Self, SandboxError> {
         // Two more than the calls at once: loading a plugin instantiates it once (`describe`),
         // also while calls run.
@@ -164,29 +162,13 @@ impl Sandbox {
         let mut config = Config::new();
         config
             .wasm_component_model(true)
-            .epoch_interruption(true)
+            .consume_fuel(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|e| SandboxError(format!("{e:#}")))?;
-        let ticking = Arc::new(AtomicBool::new(true));
-        let ticker = {
-            let engine = engine.clone();
-            let ticking = Arc::clone(&ticking);
-            std::thread::Builder::new()
-                .name("clawback-filter-epoch".to_owned())
-                .spawn(move || {
-                    while ticking.load(Ordering::Relaxed) {
-                        std::thread::sleep(TICK);
-                        engine.increment_epoch();
-                    }
-                })
-                .map_err(|e| SandboxError(format!("cannot start the epoch ticker: {e}")))?
-        };
         Ok(Self {
             engine,
             memory_limit,
-            deadline,
-            ticking,
-            ticker: Some(ticker),
+            fuel,
         })
     }
 
@@ -194,8 +176,13 @@ impl Sandbox {
         &self.engine
     }
 
+    /// The fuel each call starts with.
+    pub fn fuel(&self) -> u64 {
+        self.fuel
+    }
+
     /// A fresh store for one call.
-    pub fn store(&self, host: CallHost) -> Store<CallState> {
+    pub fn store(&self, host: CallHost) -> Result<Store<CallState>, SandboxError> {
         let stderr = MemoryOutputPipe::new(STDERR_CAP);
         let wasi = WasiCtx::builder()
             .stderr(stderr.clone())
@@ -213,48 +200,28 @@ impl Sandbox {
             },
             wasi,
             table: ResourceTable::new(),
-            started: Instant::now(),
-            deadline: self.deadline,
-            stopped: None,
+            fuel: self.fuel,
             stderr,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|mut store| {
-            let state = store.data_mut();
-            // Time spent waiting on the judge is not the plugin's execution.
-            let running = state
-                .started
-                .elapsed()
-                .saturating_sub(state.host.judge_wait());
-            if running > state.deadline {
-                state.stopped = Some(Stopped::Deadline(state.deadline));
-                return Ok(UpdateDeadline::Interrupt);
-            }
+        let fuelled = store
+            .set_fuel(self.fuel)
             // Let the runtime's other calls in between.
-            Ok(UpdateDeadline::Yield(1))
-        });
-        store
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        self.ticking.store(false, Ordering::Relaxed);
-        if let Some(ticker) = self.ticker.take() {
-            let _ = ticker.join();
-        }
+            .and_then(|()| store.fuel_async_yield_interval(Some(YIELD_EVERY)));
+        fuelled.map_err(|e| SandboxError(format!("cannot fuel a call's store: {e:#}")))?;
+        Ok(store)
     }
 }
 
 impl CallState {
-    /// Why the host stopped the call, if it did.
-    pub fn stop_reason(&self) -> Option<Stopped> {
+    /// Why the host stopped the call that failed with `error`, if it did.
+    pub fn stop_reason(&self, error: &wasmtime::Error) -> Option<Stopped> {
         if self.limits.hit_memory_limit {
             return Some(Stopped::OutOfMemory(self.limits.memory));
         }
-        self.stopped.clone()
+        (error.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::OutOfFuel))
+            .then_some(Stopped::OutOfFuel(self.fuel))
     }
 
     /// What the plugin wrote to stderr on one line (a Rust panic message lands here), without

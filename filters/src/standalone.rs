@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use clawback_datapool::{NextState as RecordedNext, Step as RecordedStep};
 
-use crate::bindings::{Evaluation, WORLD};
-use crate::call::{self, Failure, Input};
+use crate::bindings::WORLD;
+use crate::call::{self, Called, Input};
 use crate::config::FiltersConfig;
 use crate::host::CallHost;
 use crate::judge::{Judge, JudgeError};
@@ -38,7 +38,7 @@ impl Standalone {
     /// Loads `path` with the limits and judge of `config`; up to `max_concurrency` calls may run
     /// at once.
     pub async fn load(path: &Path, config: FiltersConfig) -> Result<Self, StandaloneError> {
-        let sandbox = Sandbox::new(config.max_concurrency, config.memory_limit, config.deadline)?;
+        let sandbox = Sandbox::new(config.max_concurrency, config.memory_limit, config.fuel)?;
         let linker = plugin::linker(&sandbox)?;
         let plugin = Plugin::load(&sandbox, &linker, path).await?;
         let judge = config
@@ -74,16 +74,34 @@ impl Standalone {
         )
     }
 
-    /// Runs `evaluate-step` on a recorded step and what followed it, as `tenant`.
+    /// Runs `evaluate-step` on `reply` to `question` alone, as `tenant`, with `metadata` as
+    /// the trajectory's (a gate's prompt set: `answer`, ...).
+    pub async fn run_reply(
+        &self,
+        tenant: &str,
+        question: &str,
+        reply: &str,
+        metadata: &serde_json::Map<String, serde_json::Value>,
+    ) -> Called {
+        let (step, next) = view::reply(question, reply, view::metadata(metadata));
+        self.call(tenant, Input::Step(&step, &next)).await
+    }
+
+    /// Runs `evaluate-step` on a recorded step and what followed it, as `tenant`: its
+    /// evaluation or why it failed, and the fuel it burnt.
     pub async fn run_step(
         &self,
         tenant: &str,
         step: &RecordedStep,
         next: &RecordedNext,
         metadata: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Evaluation, Failure> {
+    ) -> Called {
         let step_view = view::step(step, view::metadata(metadata));
         let next_view = view::next_state(next, &step_view);
+        self.call(tenant, Input::Step(&step_view, &next_view)).await
+    }
+
+    async fn call(&self, tenant: &str, input: Input<'_>) -> Called {
         let name = self.plugin.name.to_string();
         let host = CallHost::new(
             self.plugin.name.clone(),
@@ -95,7 +113,7 @@ impl Standalone {
             &self.sandbox,
             &self.plugin,
             host,
-            Input::Step(&step_view, &next_view),
+            input,
             self.config.call_timeout,
         )
         .await

@@ -93,6 +93,37 @@ pub fn step(recorded: &RecordedStep, metadata: Vec<MetadataEntry>) -> Step {
     }
 }
 
+/// A reply to one question, as a step with nothing after it: what a check outside a trajectory
+/// (the trainer's gate) gives a plugin.
+pub fn reply(question: &str, reply: &str, metadata: Vec<MetadataEntry>) -> (Step, NextState) {
+    let mut cut = Cut::default();
+    let text = |role: &str, content: &str, cut: &mut Cut| Message {
+        role: role.to_owned(),
+        content: cut.text(content),
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+        name: None,
+    };
+    let messages = vec![text("user", question, &mut cut)];
+    let output = text("assistant", reply, &mut cut);
+    let step = Step {
+        index: 0,
+        messages,
+        output,
+        reasoning: None,
+        finish_reason: Some("stop".to_owned()),
+        metadata,
+        truncated: cut.0,
+    };
+    let next = NextState {
+        messages: Vec::new(),
+        tool_results: Vec::new(),
+        user_message: None,
+        truncated: false,
+    };
+    (step, next)
+}
+
 /// What followed a step, with its tool results matched to the step's tool calls.
 pub fn next_state(recorded: &RecordedNext, step: &Step) -> NextState {
     let mut cut = Cut::default();

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use support::{
     fixture, host, host_sharing, judge_config, next_of, scripted_judge, scripted_judge_after,
-    tool_result, Host,
+    scripted_judge_with, tool_result, Host,
 };
 
 fn reward(evaluation: &Evaluation) -> Option<f64> {
@@ -107,6 +107,41 @@ async fn judge_vote_takes_the_majority_of_the_judges_answers() {
     let votes = vote.labels.get("judge_votes").cloned().unwrap_or_default();
     assert_eq!(votes.matches("+1").count(), 2, "{votes}");
     assert_eq!(judge.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// A call stopped by the wall-clock backstop failed for the host's reasons (here a judge that
+/// did not answer in time; a busy host alike), not the plugin's: it is tried again, and the
+/// step gets its reward instead of a `filter_error`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_ran_out_of_wall_clock_time_is_tried_again_not_lost() {
+    // The first call's three votes are held far past the backstop; the next call's are not.
+    let judge = scripted_judge_with(vec!["\\boxed{1}".to_owned()], |n| {
+        if n < 3 {
+            Duration::from_secs(60)
+        } else {
+            Duration::ZERO
+        }
+    })
+    .await;
+    let mut host = host(&["judge_vote"], |config| {
+        config.judge = Some(judge_config(&judge.url));
+        config.call_timeout = Duration::from_secs(2);
+        config.host_retries = 3;
+    })
+    .await;
+    let (trajectory, steps) = fixture();
+    let evaluations = host
+        .evaluate(&trajectory, &steps[0], &next_of(&steps[0]))
+        .await;
+    assert_eq!(reward(&only(&evaluations, "judge_vote")), Some(1.0));
+    let retries = host
+        .metrics
+        .host_retries
+        .get_or_create(&clawback_filters::metrics::PluginLabels {
+            plugin: clawback_filters::metrics::PluginName("judge_vote".into()),
+        })
+        .get();
+    assert!(retries >= 1, "the first call was tried again ({retries})");
 }
 
 /// One tenant's steps behind a slow judge fill its own share of the plugin queue only: another

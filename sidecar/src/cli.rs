@@ -200,19 +200,22 @@ fn plugin(command: PluginCommand) -> ExitCode {
                     Ok(plugin) => plugin,
                     Err(e) => return fail(&e),
                 };
-                let evaluation = match plugin
+                let called = plugin
                     .run_step(step.tenant.as_str(), &step, &next, &metadata)
-                    .await
-                {
+                    .await;
+                // The fuel it burnt: what an operator sizes `filters.fuel` from.
+                let evaluation = match called.result {
                     Ok(evaluation) => serde_json::json!({
                         "kind": "score",
                         "reward": evaluation.reward,
                         "hint": evaluation.hint,
                         "labels": evaluation.labels.into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+                        "fuel_used": called.fuel_used,
                     }),
                     Err(failure) => serde_json::json!({
                         "kind": "filter_error",
                         "reason": failure.reason,
+                        "fuel_used": called.fuel_used,
                     }),
                 };
                 println!("{evaluation}");

@@ -291,7 +291,8 @@ async fn a_sidecar_killed_while_redis_stalls_loses_no_served_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_waiting_for_its_plugins_survives_a_kill() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // A step plugin that spins until its deadline holds the completion back that long.
+    // A step plugin that spins until the call's wall-clock backstop (its fuel is past what 30 s
+    // can burn) holds the completion back that long.
     let plugins = dir.path().join("plugins");
     std::fs::create_dir_all(&plugins).expect("plugins dir");
     let spinner = repo_root().join("wasm-plugins/target/wasm32-wasip2/release/endless_loop.wasm");
@@ -308,9 +309,11 @@ async fn a_completion_waiting_for_its_plugins_survives_a_kill() {
             "--set",
             &filters_dir,
             "--set",
-            "filters.deadline=\"30s\"",
+            "filters.fuel=1000000000000000",
             "--set",
             "filters.call_timeout=\"30s\"",
+            "--set",
+            "filters.host_retries=0",
             "--set",
             "recording.completion_lease=\"2s\"",
             "--set",

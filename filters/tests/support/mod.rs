@@ -147,6 +147,14 @@ pub async fn scripted_judge(answers: Vec<String>) -> ScriptedJudge {
 
 /// [`scripted_judge`], each answer sent `delay` after its request came.
 pub async fn scripted_judge_after(answers: Vec<String>, delay: Duration) -> ScriptedJudge {
+    scripted_judge_with(answers, move |_| delay).await
+}
+
+/// [`scripted_judge`], the answer to the `n`th request (from 0) sent `delay_of(n)` after it came.
+pub async fn scripted_judge_with(
+    answers: Vec<String>,
+    delay_of: impl Fn(usize) -> Duration + Send + 'static,
+) -> ScriptedJudge {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("judge binds");
     let addr = listener.local_addr().expect("judge address");
     let requests = Arc::new(AtomicUsize::new(0));
@@ -156,6 +164,7 @@ pub async fn scripted_judge_after(answers: Vec<String>, delay: Duration) -> Scri
         while let Ok((mut stream, _)) = listener.accept().await {
             let n = counter.fetch_add(1, Ordering::SeqCst);
             let answer = answers[n % answers.len()].clone();
+            let delay = delay_of(n);
             tokio::spawn(async move {
                 if read_request(&mut stream).await.is_none() {
                     return;
