@@ -14,6 +14,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
 
+use crate::gate::GateSection;
 use crate::losses::{AdvantageWeights, ClipRange, GroupNormalization, LossConfig};
 use crate::optim::AdamWConfig;
 use crate::publish::PublishConfig;
@@ -87,6 +88,10 @@ pub struct TrainConfig {
     /// the trainer only checkpoints.
     #[serde(default)]
     pub publish: Option<PublishConfig>,
+    /// What a candidate version must pass before it is published (needs `[publish]`). Unset:
+    /// every checkpoint with new steps goes live.
+    #[serde(default)]
+    pub gate: Option<GateSection>,
 }
 
 fn default_device() -> String {
@@ -442,6 +447,15 @@ impl TrainConfig {
                 ));
             }
         }
+        if let Some(gate) = &self.gate {
+            gate.check().map_err(|problem| bad("gate", problem))?;
+            if self.publish.is_none() {
+                return Err(bad(
+                    "gate",
+                    "the gate decides what is published: it needs [publish]",
+                ));
+            }
+        }
         if self.lora.rank <= 0 {
             return Err(bad("lora.rank", "must be at least 1"));
         }
@@ -606,6 +620,27 @@ mod tests {
         assert_eq!(publish.backends.len(), 1);
         assert_eq!(publish.sidecars.len(), 1);
         assert_eq!(publish.drain_timeout, Duration::from_secs(300));
+        let gate = c.gate.unwrap_or_else(|| panic!("the example has [gate]"));
+        assert_eq!(gate.sets.len(), 2);
+        assert_eq!(gate.sets[0].max_drop_from_base, Some(2));
+        assert!(gate.sets[1].applies_to(&acme));
+    }
+
+    #[test]
+    fn a_gate_needs_publishing_and_its_sets() {
+        let base = "model = \"m\"\ndatapool = \"d\"\n";
+        let gate = "[gate.filters]\ndir = \"p\"\n[[gate.sets]]\nname = \"r\"\nfile = \"r.jsonl\"\nchecks = [\"knows_answer\"]\n";
+        let err = error_of(&format!("{base}{gate}"));
+        assert!(err.contains("[publish]"), "{err}");
+        let publish = "[publish]\nadapter_root = \"a\"\n[[publish.backends]]\nkind = \"vllm\"\nurl = \"http://v\"\n";
+        let c = TrainConfig::from_toml(&format!("{base}{publish}{gate}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.gate.map(|g| g.max_new_tokens), Some(48));
+        let err = error_of(&format!(
+            "{base}{publish}{}",
+            gate.replace("checks = [\"knows_answer\"]", "checks = []")
+        ));
+        assert!(err.contains("names no check"), "{err}");
     }
 
     #[test]

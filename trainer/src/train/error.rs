@@ -44,6 +44,8 @@ pub enum TrainError {
     Sampler(#[from] SamplerError),
     #[error("cannot set up publishing: {0}")]
     Publisher(String),
+    #[error(transparent)]
+    Gate(#[from] crate::gate::GateError),
 }
 
 impl TrainError {

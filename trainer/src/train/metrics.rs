@@ -21,6 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
+use crate::gate::Decision;
 use crate::samples::SampleStats;
 use crate::train::advantages::Dropped;
 
@@ -216,6 +217,21 @@ struct TenantLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GateLabels {
+    tenant: String,
+    /// `promoted`, `held_back`, or `not_judged` (the gate itself failed).
+    decision: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GateSetLabels {
+    tenant: String,
+    set: String,
+    /// `candidate`, `live` or `base`.
+    version: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DroppedLabels {
     tenant: String,
     reason: &'static str,
@@ -250,6 +266,10 @@ struct Prom {
     publish_failures: Family<TenantLabels, Counter>,
     live_version: Family<TenantLabels, Gauge>,
     publish_seconds: Family<PhaseLabels, GaugeF>,
+    gate_decisions: Family<GateLabels, Counter>,
+    gate_kl: Family<TenantLabels, GaugeF>,
+    gate_seconds: Family<TenantLabels, GaugeF>,
+    gate_passed: Family<GateSetLabels, Gauge>,
     /// Last totals seen per (tenant, reason), to turn totals into counter increments.
     dropped_seen: HashMap<(String, &'static str), u64>,
 }
@@ -284,6 +304,10 @@ impl Prom {
             publish_failures: Family::default(),
             live_version: Family::default(),
             publish_seconds: Family::default(),
+            gate_decisions: Family::default(),
+            gate_kl: Family::default(),
+            gate_seconds: Family::default(),
+            gate_passed: Family::default(),
             dropped_seen: HashMap::new(),
         };
         registry.register("optimizer_steps", "Optimizer steps taken", p.steps.clone());
@@ -395,6 +419,26 @@ impl Prom {
             "Duration of each phase (save, load, switch, drain) of the last publish",
             p.publish_seconds.clone(),
         );
+        registry.register(
+            "gate_decisions",
+            "Candidate versions the gate promoted, held back, or could not judge",
+            p.gate_decisions.clone(),
+        );
+        registry.register(
+            "gate_kl",
+            "Mean per-token KL(candidate ‖ base) of the last candidate, in nats",
+            p.gate_kl.clone(),
+        );
+        registry.register(
+            "gate_seconds",
+            "Duration of the last gate decision",
+            p.gate_seconds.clone(),
+        );
+        registry.register(
+            "gate_passed",
+            "Prompts of each gate set the last candidate, the live version and the base passed",
+            p.gate_passed.clone(),
+        );
         p.registry = registry;
         p
     }
@@ -424,6 +468,41 @@ impl Prom {
                 })
                 .set(seconds);
         }
+    }
+
+    fn record_gate(&mut self, d: &Decision) {
+        let tenant = d.tenant.to_string();
+        let decision = if d.promoted { "promoted" } else { "held_back" };
+        self.count_gate(&tenant, decision);
+        let l = TenantLabels {
+            tenant: tenant.clone(),
+        };
+        self.gate_kl.get_or_create(&l).set(d.kl);
+        self.gate_seconds.get_or_create(&l).set(d.seconds);
+        for set in &d.sets {
+            for (version, side) in [
+                ("candidate", &set.candidate),
+                ("live", &set.live),
+                ("base", &set.base),
+            ] {
+                self.gate_passed
+                    .get_or_create(&GateSetLabels {
+                        tenant: tenant.clone(),
+                        set: set.name.clone(),
+                        version,
+                    })
+                    .set(i64::try_from(side.passed).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
+    fn count_gate(&mut self, tenant: &str, decision: &'static str) {
+        self.gate_decisions
+            .get_or_create(&GateLabels {
+                tenant: tenant.to_owned(),
+                decision,
+            })
+            .inc();
     }
 
     fn record(&mut self, r: &StepReport) {
@@ -601,6 +680,25 @@ impl Metrics {
         self.append(&serde_json::json!({ "publish": report }));
         if let Ok(mut prom) = self.prom.lock() {
             prom.record_publish(report);
+        }
+    }
+
+    /// Reports a gate decision: the progress line, `{"gate": {...}}` in the JSONL log (every
+    /// set's scores, the reasons), the Prometheus counters.
+    pub fn record_gate(&mut self, decision: &Decision) {
+        if self.progress || !decision.promoted {
+            println!("{}", decision.line());
+        }
+        self.append(&serde_json::json!({ "gate": decision }));
+        if let Ok(mut prom) = self.prom.lock() {
+            prom.record_gate(decision);
+        }
+    }
+
+    /// Counts a candidate the gate could not judge (it was not published).
+    pub fn record_gate_failure(&mut self, tenant: &TenantId) {
+        if let Ok(mut prom) = self.prom.lock() {
+            prom.count_gate(tenant.as_str(), "not_judged");
         }
     }
 

@@ -19,6 +19,7 @@ use clawback_datapool::{
 };
 use tokio::runtime::Runtime;
 
+use crate::gate::{Decision, Gate, GateError};
 use crate::publish::Publisher;
 use crate::sampler::EngineDefaults;
 use crate::train::config::{Tenants, TrainConfig};
@@ -111,6 +112,15 @@ pub fn run(
         source,
     })?;
     let text = TextCodec::load(&config.model);
+    let gate = match (&config.gate, &config.publish) {
+        (Some(gate), Some(publish)) => {
+            if text.is_none() {
+                return Err(GateError::NoText.into());
+            }
+            Some(Gate::load(gate.clone(), &rt, &publish.adapter_root)?)
+        }
+        _ => None,
+    };
     let engine_defaults = config.sampler.engine_defaults(&config.model)?;
     if config.metrics.progress {
         println!(
@@ -141,6 +151,7 @@ pub fn run(
         base_model: config.model.display().to_string(),
         trainers: BTreeMap::new(),
         publisher,
+        gate,
         summary: Summary::default(),
         exit_when_idle: options.exit_when_idle,
     };
@@ -181,6 +192,7 @@ struct Loop<'a> {
     base_model: String,
     trainers: BTreeMap<TenantId, TenantTrainer>,
     publisher: Option<Publisher>,
+    gate: Option<Gate>,
     summary: Summary,
     /// A batch job does not wait `batch.max_wait` for a fuller step: it trains what is there.
     exit_when_idle: bool,
@@ -351,13 +363,50 @@ impl Loop<'_> {
         Ok(())
     }
 
-    /// Publishes the tenant's adapter as version `<optimizer steps>`. A failure is reported and
-    /// training goes on: the previous version stays live and the next checkpoint tries again.
+    /// Publishes the tenant's adapter as version `<optimizer steps>` once the gate (when one is
+    /// configured) passed it. A failure is reported and training goes on: the previous version
+    /// stays live and the next checkpoint tries again; so does a candidate the gate held back.
     fn publish(&mut self, tenant: &TenantId) {
         let (Some(publisher), Some(trainer)) = (&self.publisher, self.trainers.get(tenant)) else {
             return;
         };
         let version = trainer.optimizer_steps();
+        if let (Some(gate), Some(text)) = (&mut self.gate, self.text) {
+            if gate.applies_to(tenant) {
+                let live = self
+                    .rt
+                    .block_on(self.store.policy_version(tenant))
+                    .ok()
+                    .flatten()
+                    .map(|p| (p.version, publisher.version_dir(tenant, p.version)));
+                let decided = gate.decide(
+                    self.rt,
+                    self.model,
+                    text,
+                    tenant,
+                    version,
+                    trainer.adapter(),
+                    live,
+                );
+                let decision = match decided {
+                    Ok(decision) => decision,
+                    Err(e) => {
+                        // Not judged is not passed: the live version keeps serving.
+                        eprintln!("clawback-trainer: the gate could not judge {tenant}@v{version}: {e}; not published");
+                        self.metrics.record_gate_failure(tenant);
+                        return;
+                    }
+                };
+                self.metrics.record_gate(&decision);
+                if !decision.promoted {
+                    self.hold_back(&decision);
+                    return;
+                }
+            }
+        }
+        let (Some(publisher), Some(trainer)) = (&self.publisher, self.trainers.get(tenant)) else {
+            return;
+        };
         let adapter = Publisher::adapter_name(tenant, version);
         let outcome = self.rt.block_on(publisher.publish(tenant, version, |dir| {
             trainer.save_adapter(dir, &self.base_model)
@@ -390,6 +439,21 @@ impl Loop<'_> {
             *self.summary.published.entry(tenant.clone()).or_default() += 1;
         }
         self.metrics.record_publish(&report);
+    }
+
+    /// Keeps a candidate the gate held back on disk, with its decision.
+    fn hold_back(&self, decision: &Decision) {
+        let (Some(gate), Some(trainer)) = (&self.gate, self.trainers.get(&decision.tenant)) else {
+            return;
+        };
+        match gate.hold_back(decision, |dir| trainer.save_adapter(dir, &self.base_model)) {
+            Ok(dir) => {
+                if self.config.metrics.progress {
+                    println!("held back: {}", dir.display());
+                }
+            }
+            Err(e) => eprintln!("clawback-trainer: {e}"),
+        }
     }
 
     fn ack(&mut self, tenant: &TenantId, acks: Vec<DeliveryId>) -> Result<(), TrainError> {

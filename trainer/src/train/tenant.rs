@@ -396,6 +396,11 @@ impl TenantTrainer {
         Ok(())
     }
 
+    /// The adapter as trained so far.
+    pub fn adapter(&self) -> &LoraAdapter {
+        &self.adapter
+    }
+
     /// Writes the adapter in PEFT format into `dir` (what a backend loads).
     pub fn save_adapter(&self, dir: &std::path::Path, base_model: &str) -> Result<(), LoraError> {
         self.adapter.save(dir, Some(base_model))

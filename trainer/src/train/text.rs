@@ -97,6 +97,16 @@ impl TextCodec {
         Ok((prompt, rest[..end].to_vec()))
     }
 
+    /// The end-of-turn token, where the template names one the tokenizer knows.
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// The text of generated `ids`, special tokens (the end of turn) left out.
+    pub fn reply_text(&self, ids: &[i64]) -> Result<String, TextError> {
+        Ok(self.tokenizer.decode(ids, true)?)
+    }
+
     fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         self.tokenizer
             .encode(text, false)?

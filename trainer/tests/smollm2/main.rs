@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod engine;
+mod gate;
 mod parity;
 mod publish;
 mod tenancy;
