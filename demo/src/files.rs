@@ -206,6 +206,46 @@ pub struct Training {
     pub max_wait: &'static str,
     /// libtorch's threads in the trainer.
     pub threads: u32,
+    /// The k3 KL term to the base: what keeps the model close to what it knew.
+    pub kl_coef: f64,
+    /// The gate before a version goes live; `None`: every checkpoint goes live.
+    pub gate: Option<GateFiles>,
+}
+
+/// What the trainer's gate reads: the run's copies of the prompt sets, the check plugins, and
+/// the form each tenant's users asked for.
+pub struct GateFiles {
+    pub retention: PathBuf,
+    pub preference: PathBuf,
+    pub plugins: PathBuf,
+    /// `(tenant, form)` for the `reply_form` check.
+    pub forms: Vec<(String, &'static str)>,
+}
+
+impl GateFiles {
+    /// The `[gate]` section: retention (answers and no question given back) at most 2 fewer
+    /// than the live version and than the base, preference (each tenant's form) at most 1
+    /// fewer than the live version.
+    fn toml(&self) -> String {
+        let mut toml = format!(
+            "\n[gate]\nmax_new_tokens = 48\n\n[gate.filters]\ndir = {}\n",
+            path(&self.plugins)
+        );
+        toml.push_str("\n[gate.filters.plugins.reply_form.tenant_config]\n");
+        for (tenant, form) in &self.forms {
+            let _ = writeln!(toml, "{} = {{ form = {} }}", quoted(tenant), quoted(form));
+        }
+        let _ = write!(
+            toml,
+            "\n[[gate.sets]]\nname = \"retention\"\nfile = {}\n\
+             checks = [\"knows_answer\", \"restates_question\"]\nmax_drop = 2\n\
+             max_drop_from_base = 2\n\n[[gate.sets]]\nname = \"preference\"\nfile = {}\n\
+             checks = [\"reply_form\"]\nmax_drop = 1\n",
+            path(&self.retention),
+            path(&self.preference)
+        );
+        toml
+    }
 }
 
 /// The trainer's config: every tenant's adapter from the sidecars' datapool, a checkpoint (and
@@ -245,6 +285,7 @@ group_normalization = "grpo"
 rl_weight = {rl_weight:.1}
 opd_weight = {opd_weight:.1}
 opd_clip = {opd_clip:.1}
+kl_coef = {kl_coef:?}
 
 [batch]
 samples_per_step = {group}
@@ -283,6 +324,7 @@ url = {backend}
         rl_weight = training.rl_weight,
         opd_weight = training.opd_weight,
         opd_clip = training.opd_clip,
+        kl_coef = training.kl_coef,
         max_wait = training.max_wait,
         checkpoints = path(&w.run.root.join("checkpoints")),
         metrics = path(&w.run.metrics()),
@@ -298,6 +340,9 @@ url = {backend}
             quoted(url),
             quoted(w.admin_token)
         );
+    }
+    if let Some(gate) = &training.gate {
+        toml.push_str(&gate.toml());
     }
     toml
 }

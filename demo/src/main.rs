@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 
 use clawback_demo::chat::{Sampling, Talk};
-use clawback_demo::feedback::{self, Arm, Base, FeedbackOptions, Knobs, Pacing};
+use clawback_demo::feedback::{self, Arm, Base, FeedbackOptions, Keeping, Knobs, Pacing};
 use clawback_demo::groups::{self, GroupOptions, Task};
 use clawback_demo::personal;
 use clawback_demo::stack::beside_this_binary;
@@ -88,6 +88,14 @@ struct Cli {
     /// feedback, personal: the arms, run one after the other on the same base model.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Arm::Rl, Arm::Opd, Arm::Combined])]
     arms: Vec<Arm>,
+    /// personal: the trainer's gate before a version goes live — each candidate's answers to
+    /// held-out factual questions and its tenant's form checked against the live version's and
+    /// the base's (trainer/gate/); `off` publishes every checkpoint, as before.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    gate: Switch,
+    /// personal: the k3 KL term to the base in the trainer's loss.
+    #[arg(long, default_value_t = personal::KL_COEF)]
+    kl_coef: f64,
     /// feedback, personal: users (sessions) per tenant and round.
     #[arg(long, default_value_t = 4)]
     sessions: u32,
@@ -117,6 +125,12 @@ enum Scenario {
     Feedback,
     Personal,
     Arithmetic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -267,6 +281,7 @@ fn main() -> Result<()> {
                     sampling: Sampling::TINY,
                 },
                 pacing: Pacing::Handed,
+                keeping: None,
                 knobs: Knobs {
                     rank: 8,
                     // A hinted reply's wrong first letter is all but impossible for the teacher
@@ -290,6 +305,10 @@ fn main() -> Result<()> {
                 talk: personal::TALK,
                 pacing: Pacing::Published,
                 knobs: personal::knobs(),
+                keeping: Some(Keeping {
+                    gate: cli.gate == Switch::On,
+                    kl_coef: cli.kl_coef,
+                }),
             })?;
         }
     }

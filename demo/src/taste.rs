@@ -25,6 +25,15 @@ impl Taste {
         }
     }
 
+    /// The `form` the gate's `reply_form` check reads, for a taste it can check.
+    pub fn gate_form(self) -> Option<&'static str> {
+        match self {
+            Taste::Form(Form::Brief) => Some("brief"),
+            Taste::Form(Form::List) => Some("list"),
+            Taste::Case(_) | Taste::RightAnswers => None,
+        }
+    }
+
     /// Whether `reply` is what the user wanted (never, for [`Taste::RightAnswers`]: that takes
     /// the problem).
     pub fn fits(self, reply: &str) -> bool {

@@ -1,9 +1,11 @@
 //! The trainer's JSONL metrics log, read while the demo runs, as an operator would tail it: one
-//! line per optimizer step of a tenant, one per publish, one per checkpoint.
+//! line per optimizer step of a tenant, one per publish, one per gate decision, one per
+//! checkpoint.
 
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::Path;
 
+use clawback_trainer::gate::Decision;
 use clawback_trainer::train::metrics::{OpdAdvantage, PublishReport, Signal};
 use serde_json::Value;
 
@@ -37,6 +39,8 @@ impl StepLine {
 pub struct TrainerLog {
     pub steps: Vec<StepLine>,
     pub publishes: Vec<PublishReport>,
+    /// What the gate decided about each candidate version.
+    pub gates: Vec<Decision>,
     /// Bytes already read.
     offset: u64,
 }
@@ -66,6 +70,12 @@ impl TrainerLog {
     }
 
     fn record(&mut self, mut value: Value) {
+        if let Some(gate) = value.get("gate") {
+            if let Ok(decision) = serde_json::from_value::<Decision>(gate.clone()) {
+                self.gates.push(decision);
+            }
+            return;
+        }
         if let Some(publish) = value.get("publish") {
             if let Ok(report) = serde_json::from_value::<PublishReport>(publish.clone()) {
                 self.publishes.push(report);
@@ -107,6 +117,20 @@ impl TrainerLog {
             .iter()
             .filter(|p| p.tenant.as_str() == tenant)
             .count() as u64
+    }
+
+    /// `tenant`'s versions the trainer is done with: published (live or failed), or held back
+    /// by its gate.
+    pub fn decided_of(&self, tenant: &str) -> u64 {
+        let held_back = self.gates_of(tenant).filter(|d| !d.promoted).count() as u64;
+        self.publishes_of(tenant) + held_back
+    }
+
+    /// The gate's decisions about `tenant`'s candidates, in order.
+    pub fn gates_of<'a>(&'a self, tenant: &'a str) -> impl Iterator<Item = &'a Decision> + 'a {
+        self.gates
+            .iter()
+            .filter(move |d| d.tenant.as_str() == tenant)
     }
 
     /// Versions that went live.

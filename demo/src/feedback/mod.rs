@@ -13,6 +13,7 @@
 mod export;
 pub mod lessons;
 mod probe;
+pub mod retention;
 mod summary;
 pub mod user;
 mod workload;
@@ -32,7 +33,7 @@ use clawback_model::tiny_model::TinyModel;
 use crate::chart::{self, Chart, Line, Panel};
 use crate::chat::Talk;
 use crate::engine::Served;
-use crate::files::{self, Plugin, RunDir, Training};
+use crate::files::{self, GateFiles, Plugin, RunDir, Training};
 use crate::stack::{Stack, StackSpec};
 use crate::{all_prompts, say, teach, Common, DemoTenant};
 use summary::ArmSummary;
@@ -107,6 +108,19 @@ pub struct FeedbackOptions {
     pub talk: Talk,
     pub pacing: Pacing,
     pub knobs: Knobs,
+    /// What keeps the model's answers while it learns; `None`: nothing, and nothing measured
+    /// (the tiny model has no answers to keep).
+    pub keeping: Option<Keeping>,
+}
+
+/// What keeps a real model's answers while it learns the users' form, and the measure of what
+/// it kept ([`retention`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Keeping {
+    /// The trainer's gate before a version goes live (`trainer/src/gate`).
+    pub gate: bool,
+    /// The k3 KL term to the base in the trainer's loss.
+    pub kl_coef: f64,
 }
 
 /// Runs every arm and returns the summary (also written to `summary.json`, with the chart
@@ -240,6 +254,27 @@ fn run_arm(
         tenant_config: Vec::new(),
     });
     let (rl_weight, opd_weight) = arm.weights();
+    // The gate's prompt sets, copied into the run: what the trainer's gate and the retention
+    // probes read.
+    let sets = arm_run.root.join("gate");
+    let retention_file = sets.join("retention.jsonl");
+    if options.keeping.is_some() {
+        std::fs::create_dir_all(&sets).with_context(|| format!("creating {}", sets.display()))?;
+        std::fs::write(&retention_file, retention::RETENTION)?;
+        std::fs::write(sets.join("preference.jsonl"), retention::PREFERENCE)?;
+    }
+    let gate = options
+        .keeping
+        .filter(|keeping| keeping.gate)
+        .map(|_| GateFiles {
+            retention: retention_file.clone(),
+            preference: sets.join("preference.jsonl"),
+            plugins: common.plugins.clone(),
+            forms: tenants
+                .iter()
+                .filter_map(|t| Some((t.name.clone(), t.prefers.gate_form()?)))
+                .collect(),
+        });
     let served = match options.base {
         Base::Taught { .. } => Served::Tiny,
         Base::Pretrained { .. } => Served::Pretrained,
@@ -269,6 +304,8 @@ fn run_arm(
             // waits for a whole batch of those that do, across rounds, rather than taking one
             // or two (Adam moves as far on one sample as on sixteen).
             max_wait: "10s",
+            kl_coef: options.keeping.map_or(0.0, |k| k.kl_coef),
+            gate,
         },
     })?;
     let plan = workload::Plan {
@@ -286,6 +323,33 @@ fn run_arm(
     let played = runtime.block_on(async {
         let client = reqwest::Client::new();
         let sidecar = &plan.sidecars[0];
+        // What the users could lose: each tenant's answers, before (the base) and after.
+        let checks = match options.keeping {
+            Some(_) => Some(retention::Checks::load(&common.plugins, &retention_file).await?),
+            None => None,
+        };
+        let kept = |when: &'static str| {
+            let (client, checks) = (&client, checks.as_ref());
+            async move {
+                let Some(checks) = checks else {
+                    return Vec::new();
+                };
+                let mut kept = Vec::new();
+                for tenant in tenants {
+                    let (point, failures) = checks.probe(client, sidecar, tenant).await;
+                    if let Some(failure) = failures.first() {
+                        say(&format!(
+                            "{} of {}'s answers probes {when} failed: {failure}",
+                            failures.len(),
+                            tenant.name
+                        ));
+                    }
+                    kept.push(point);
+                }
+                kept
+            }
+        };
+        let kept_before = kept("before").await;
         // What the teacher would say: the base model with each tenant's hint in its context.
         let mut teacher = Vec::new();
         for tenant in tenants {
@@ -301,6 +365,7 @@ fn run_arm(
             teacher.push(point);
         }
         let outcome = workload::drive(&plan, &mut stack.trainer).await?;
+        let kept_after = kept("after").await;
         let mut recorded = Vec::new();
         for tenant in tenants {
             let read = export::recorded(&client, sidecar, &stack.admin_token, &tenant.name).await;
@@ -309,10 +374,11 @@ fn run_arm(
                 Default::default()
             }));
         }
-        anyhow::Ok((teacher, outcome, recorded))
+        let kept: Vec<_> = kept_before.into_iter().zip(kept_after).collect();
+        anyhow::Ok((teacher, outcome, recorded, kept))
     });
     stack.stop();
-    let (teacher, outcome, recorded) = played?;
+    let (teacher, outcome, recorded, kept) = played?;
     let adapters = match tenants {
         [a, b, ..] => crate::report::AdapterComparison::latest(
             &arm_run.adapters(),
@@ -324,10 +390,12 @@ fn run_arm(
     };
     Ok(ArmSummary::new(
         arm,
+        options.keeping,
         tenants,
         outcome,
         teacher,
         recorded,
+        kept,
         adapters,
         started.elapsed().as_secs_f64(),
     ))

@@ -8,8 +8,9 @@ use serde::Serialize;
 
 use super::export::Recorded;
 use super::probe::ProbePoint;
+use super::retention::Kept;
 use super::workload::Outcome;
-use super::Arm;
+use super::{Arm, Keeping};
 use crate::report::{AdapterComparison, PublishTimes, Requests};
 use crate::trainer_log::TrainerLog;
 use crate::DemoTenant;
@@ -37,6 +38,8 @@ pub struct ArmSummary {
     pub arm: &'static str,
     pub rl_weight: f64,
     pub opd_weight: f64,
+    /// The gate and the KL anchor, where the scenario keeps answers.
+    pub keeping: Option<Keeping>,
     pub seconds: f64,
     pub requests: Requests,
     /// Adapter versions made live.
@@ -74,6 +77,21 @@ pub struct ArmTenant {
     pub hints_not_distilled: HintsNotDistilled,
     pub recorded: Recorded,
     pub live: Option<String>,
+    /// Answers kept on the held-out factual questions, before (the base) and after.
+    pub kept: Option<(Kept, Kept)>,
+    /// The gate's decisions: candidates promoted, held back (and the first reason of each).
+    pub gate: GateTally,
+}
+
+/// What the gate did with a tenant's candidates.
+#[derive(Debug, Default, Serialize)]
+pub struct GateTally {
+    pub promoted: usize,
+    pub held_back: usize,
+    /// Each held-back version and its reasons.
+    pub reasons: Vec<(u64, Vec<String>)>,
+    /// Seconds the decisions took, summed.
+    pub seconds: f64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -109,12 +127,15 @@ fn share((fitted, all): (u32, u32)) -> Option<f64> {
 }
 
 impl ArmSummary {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         arm: Arm,
+        keeping: Option<Keeping>,
         tenants: &[DemoTenant],
         mut outcome: Outcome,
         teacher: Vec<ProbePoint>,
         recorded: Vec<Recorded>,
+        kept: Vec<(Kept, Kept)>,
         adapters: Option<AdapterComparison>,
         seconds: f64,
     ) -> Self {
@@ -127,13 +148,16 @@ impl ArmSummary {
             .zip(recorded)
             .enumerate()
             .map(|(index, ((tenant, teacher), recorded))| {
-                tenant_summary(tenant, log, &outcome, index, teacher, recorded)
+                let mut summary = tenant_summary(tenant, log, &outcome, index, teacher, recorded);
+                summary.kept = kept.get(index).cloned();
+                summary
             })
             .collect();
         ArmSummary {
             arm: arm.name(),
             rl_weight,
             opd_weight,
+            keeping,
             seconds,
             swaps: live.len(),
             publish_failures: log.publishes.len() - live.len(),
@@ -213,6 +237,21 @@ fn tenant_summary(
             .filter(|p| p.tenant.as_str() == tenant.name)
             .max_by_key(|p| p.version)
             .map(|p| p.adapter.clone()),
+        kept: None,
+        gate: log
+            .gates_of(&tenant.name)
+            .fold(GateTally::default(), |mut tally, decision| {
+                tally.seconds += decision.seconds;
+                if decision.promoted {
+                    tally.promoted += 1;
+                } else {
+                    tally.held_back += 1;
+                    tally
+                        .reasons
+                        .push((decision.version, decision.reasons.clone()));
+                }
+                tally
+            }),
     }
 }
 
@@ -238,8 +277,15 @@ impl Summary {
             self.seconds,
         );
         for arm in &self.arms {
+            let keeping = arm.keeping.map_or(String::new(), |k| {
+                format!(
+                    ", gate {}, kl_coef {}",
+                    if k.gate { "on" } else { "off" },
+                    k.kl_coef
+                )
+            });
             out.push_str(&format!(
-                "\n  arm {} (w_rl {:.1}, w_opd {:.1}), {:.0} s:\n",
+                "\n  arm {} (w_rl {:.1}, w_opd {:.1}{keeping}), {:.0} s:\n",
                 arm.arm, arm.rl_weight, arm.opd_weight, arm.seconds
             ));
             for t in &arm.tenants {
@@ -279,6 +325,26 @@ impl Summary {
                     t.both,
                     t.hints_not_distilled,
                 ));
+                if let Some((before, after)) = &t.kept {
+                    out.push_str(&format!(
+                        "             answers kept (held-out factual questions, greedy): {} → {} of {}, \
+                         questions restated {} → {}; gate: {} versions promoted, {} held back ({:.0} s)\n",
+                        before.answered,
+                        after.answered,
+                        after.asked,
+                        before.restated,
+                        after.restated,
+                        t.gate.promoted,
+                        t.gate.held_back,
+                        t.gate.seconds,
+                    ));
+                    if let Some((version, reasons)) = t.gate.reasons.last() {
+                        out.push_str(&format!(
+                            "             last held back: v{version}: {}\n",
+                            reasons.join("; ")
+                        ));
+                    }
+                }
                 if let Some((hint, count)) = t.recorded.hints.first() {
                     out.push_str(&format!(
                         "             most frequent hint ({count}×): {hint:?}\n"

@@ -243,7 +243,8 @@ impl SessionRun {
 /// Waits until the sidecars have completed the round's sessions (quiet for `plan.idle`) and the
 /// trainer has been handed every ready one (the consumer group's lag is 0 in the first
 /// sidecar's `/metrics`); it may still wait for more before it steps. With
-/// [`Pacing::Published`], until nothing is pending either and every step it took is published.
+/// [`Pacing::Published`], until nothing is pending either and every step it took is published
+/// or held back by the trainer's gate.
 async fn wait_for_trainer(
     plan: &Plan,
     client: &reqwest::Client,
@@ -268,7 +269,7 @@ async fn wait_for_trainer(
                 log.read_new(&plan.metrics);
                 plan.tenants
                     .iter()
-                    .all(|t| log.publishes_of(&t.name) >= log.steps_of(&t.name))
+                    .all(|t| log.decided_of(&t.name) >= log.steps_of(&t.name))
             }
             _ => false,
         };

@@ -168,6 +168,8 @@ pub fn run(options: &GroupOptions) -> Result<Summary> {
             max_wait: "2s",
             // A real model's rounds wait for the trainer (below): it has every core.
             threads: if real { cores() } else { 1 },
+            kl_coef: 0.0,
+            gate: None,
         },
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -57,6 +57,10 @@ pub const TALK: Talk = Talk {
     },
 };
 
+/// The k3 KL term to the base the scenario trains with (`--kl-coef`). 0 until seeded runs with
+/// the gate on choose it (bench/results.md).
+pub const KL_COEF: f64 = 0.0;
+
 /// LoRA of rank 16 on every projection; the distillation advantage clamped to ±2 nats, as for
 /// the tiny model (a token the teacher finds all but impossible otherwise steers a step); the
 /// trainer on every core: with [`crate::feedback::Pacing::Published`] serving and training
