@@ -7,9 +7,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The default fuel of a call: 500 million units, about a quarter of a second of Wasm on one
-/// core of the machines here, and over a hundred times what the shipped plugins burn on a
-/// long step (`letter_case`, `exact_answer`: well under 4 million on a 30-turn step).
+/// The default fuel of a call: 500 million units — a tight loop burns it in about 50 ms on one
+/// core here (`endless_loop`, 2026-12-07) — and over 90 times what any shipped plugin burns at
+/// the view's caps: at most 0.12 million on a step of 200 kB of conversation, 5.3 million on a
+/// reply at the 16 KiB cap (`restates_question`; filters/tests/plugins.rs).
 pub const DEFAULT_FUEL: u64 = 500_000_000;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -341,3 +341,64 @@ async fn past_max_live_the_idlest_trajectory_is_forgotten_and_its_step_read_back
     let evaluations = host.next_batch().await;
     assert_eq!(reward(&only(&evaluations, "tool_outcome")), Some(1.0));
 }
+
+/// The default fuel is a budget the shipped plugins never come near: at the view's caps — a
+/// step of 200 kB of conversation, a reply of 13 kB — each step plugin burns under a fiftieth
+/// of it (fuel is counted, not timed: the same on any host). Measured 2026-12-07: at most 0.12
+/// million on the step, 5.3 million on the reply (`restates_question`, word by word).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_shipped_plugins_burn_a_small_share_of_the_default_fuel() {
+    use clawback_filters::config::DEFAULT_FUEL;
+    use clawback_filters::standalone::Standalone;
+    use clawback_filters::FiltersConfig;
+
+    let (_, steps) = fixture();
+    let mut step = steps[0].clone();
+    let turn =
+        "Earlier in this session the user asked about the build; the assistant ran the tests. "
+            .repeat(12);
+    while serde_json::to_vec(&step.request.messages).map_or(0, |v| v.len()) < 200_000 {
+        step.request
+            .messages
+            .insert(1, json!({"role": "user", "content": turn.clone()}));
+    }
+    let long_reply =
+        "The capital of France is Paris, and it has been for a long time. ".repeat(200);
+    let metadata = serde_json::Map::from_iter([("answer".to_owned(), json!("Paris"))]);
+    for name in [
+        "tool_outcome",
+        "user_feedback",
+        "correction_hint",
+        "knows_answer",
+        "restates_question",
+        "reply_form",
+    ] {
+        let plugin = Standalone::load(&support::plugin_file(name), FiltersConfig::default())
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let on_step = plugin
+            .run_step("acme", &step, &next_of(&step), &metadata)
+            .await;
+        let on_reply = plugin
+            .run_reply(
+                "acme",
+                "What is the capital of France?",
+                &long_reply,
+                &metadata,
+            )
+            .await;
+        for (what, called) in [("a 200 kB step", on_step), ("a 13 kB reply", on_reply)] {
+            assert!(
+                called.result.is_ok(),
+                "{name} on {what}: {:?}",
+                called.result.err()
+            );
+            eprintln!("{name} on {what}: {} fuel", called.fuel_used);
+            assert!(
+                called.fuel_used > 0 && called.fuel_used * 50 < DEFAULT_FUEL,
+                "{name} on {what} burnt {} of {DEFAULT_FUEL}",
+                called.fuel_used
+            );
+        }
+    }
+}

@@ -104,6 +104,7 @@ fn a_candidate_that_lost_the_answers_is_held_back_and_one_that_kept_them_goes_li
     let kept = gate
         .decide(&rt, &model, &text, &tenant, 1, &same, None)
         .expect("judged");
+    eprintln!("{}", kept.line());
     let retention = &kept.sets[0];
     assert!(
         retention.base.passed >= 5,
@@ -120,6 +121,7 @@ fn a_candidate_that_lost_the_answers_is_held_back_and_one_that_kept_them_goes_li
     let decision = gate
         .decide(&rt, &model, &text, &tenant, 2, &lost, live)
         .expect("judged");
+    eprintln!("{}", decision.line());
     assert!(!decision.promoted, "{decision:#?}");
     assert_eq!(decision.live, Some(1), "{decision:#?}");
     assert!(
