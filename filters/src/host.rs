@@ -1,7 +1,6 @@
 //! What a plugin may ask of the host during one call: a log line, its configuration, the judge.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use crate::bindings::clawback::filter::{host, types};
 use crate::bindings::LogLevel;
@@ -22,7 +21,6 @@ pub struct CallHost {
     budget_left: u32,
     /// The plugin was told its budget was spent.
     refused: bool,
-    judge_wait: Duration,
     /// Why the host trapped the plugin from an import.
     pub trapped: Option<String>,
 }
@@ -42,14 +40,8 @@ impl CallHost {
             judge,
             budget_left,
             refused: false,
-            judge_wait: Duration::ZERO,
             trapped: None,
         }
-    }
-
-    /// Time this call spent waiting on the judge.
-    pub fn judge_wait(&self) -> Duration {
-        self.judge_wait
     }
 }
 
@@ -101,9 +93,7 @@ impl host::Host for CallHost {
             )));
         }
         self.budget_left -= n;
-        let started = Instant::now();
         let answers = judge.ask(&self.plugin, &prompt, n).await;
-        self.judge_wait += started.elapsed();
         if answers.is_empty() && n > 0 {
             return Ok(Err(format!("none of the {n} judge requests answered")));
         }

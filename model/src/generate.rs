@@ -90,6 +90,60 @@ pub fn generate(
     Ok(out)
 }
 
+/// Greedy continuations of `prompts`, all of one length, run as one batch: each prompt's
+/// generated ids up to and including its first stop token, or `max_new_tokens` of them. Prompts
+/// of one length need no padding and no mask; a batch reads the weights once per position for
+/// all its rows, which on a CPU is most of a small model's cost per token. (The trainer's gate
+/// reads many short replies this way, prompts grouped by length.)
+pub fn greedy_batch(
+    model: &Model,
+    adapter: Option<&LoraAdapter>,
+    prompts: &[Vec<i64>],
+    max_new_tokens: usize,
+    stop_token_ids: &[i64],
+) -> Result<Vec<Vec<i64>>, ModelError> {
+    let _no_grad = tch::no_grad_guard();
+    let rows = prompts.len();
+    let mut out = vec![Vec::new(); rows];
+    let Some(length) = prompts.first().map(Vec::len) else {
+        return Ok(out);
+    };
+    if length == 0 || max_new_tokens == 0 {
+        return Ok(out);
+    }
+    if prompts.iter().any(|p| p.len() != length) {
+        return Err(ModelError::Tensor(
+            "a greedy batch takes prompts of one length".to_owned(),
+        ));
+    }
+    let (rows_i, length_i) = (
+        i64::try_from(rows).map_err(|e| ModelError::Tensor(e.to_string()))?,
+        i64::try_from(length).map_err(|e| ModelError::Tensor(e.to_string()))?,
+    );
+    let mut input = Tensor::from_slice(&prompts.concat()).view([rows_i, length_i]);
+    let mut cache = model.new_cache();
+    let mut done = vec![false; rows];
+    for _ in 0..max_new_tokens {
+        let logits = model.forward_cached(&input, adapter, &mut cache)?;
+        let next = logits
+            .select(1, -1)
+            .argmax(-1, false)
+            .to_device(tch::Device::Cpu);
+        let next = Vec::<i64>::try_from(&next).map_err(|e| ModelError::Tensor(e.to_string()))?;
+        for (row, &id) in next.iter().enumerate() {
+            if !done[row] {
+                out[row].push(id);
+                done[row] = stop_token_ids.contains(&id);
+            }
+        }
+        if done.iter().all(|d| *d) {
+            break;
+        }
+        input = Tensor::from_slice(&next).view([rows_i, 1]);
+    }
+    Ok(out)
+}
+
 /// The logits of the last position of the first sequence, as f32 on the host.
 pub fn last_position(logits: &Tensor) -> Result<Vec<f32>, ModelError> {
     let seq = logits.size()[1];
@@ -194,6 +248,39 @@ mod tests {
         let diff = (full - stepwise).abs().max().double_value(&[]);
         assert!(diff < 1e-5, "max diff {diff}");
         assert_eq!(cache.len(), 8);
+    }
+
+    #[test]
+    fn a_greedy_batch_gives_each_row_what_greedy_decoding_gives_it_alone() {
+        let model = tiny_model(3);
+        let prompts: Vec<Vec<i64>> = vec![vec![3, 14, 15, 9], vec![26, 5, 35, 8], vec![1, 2, 3, 4]];
+        let alone: Vec<Vec<i64>> = prompts
+            .iter()
+            .map(|p| {
+                let params = SamplingParams {
+                    max_new_tokens: 10,
+                    ..SamplingParams::default()
+                };
+                generate(&model, None, p, &params).unwrap().token_ids
+            })
+            .collect();
+        let batch = greedy_batch(&model, None, &prompts, 10, &[]).unwrap();
+        assert_eq!(batch, alone);
+        // A row stops at its first stop token; the others go on.
+        let stop = alone[0][2];
+        let stopped = greedy_batch(&model, None, &prompts, 10, &[stop]).unwrap();
+        for (row, ids) in stopped.iter().enumerate() {
+            let end = alone[row]
+                .iter()
+                .position(|&id| id == stop)
+                .map_or(alone[row].len(), |at| at + 1);
+            assert_eq!(ids[..], alone[row][..end], "row {row}");
+        }
+        assert!(greedy_batch(&model, None, &[vec![1], vec![1, 2]], 4, &[]).is_err());
+        assert_eq!(
+            greedy_batch(&model, None, &[], 4, &[]).unwrap(),
+            Vec::<Vec<i64>>::new()
+        );
     }
 
     #[test]

@@ -13,9 +13,9 @@
 //! it.
 //!
 //! Cost: the base's replies are read once per process, the live version's once per version
-//! (a promoted candidate's replies become the live ones'), the candidate's every time: one
-//! greedy generation per prompt of the tenant's sets, and two forward passes per prompt for the
-//! KL. Each decision reports its seconds and replies generated.
+//! (a promoted candidate's replies become the live ones'), the candidate's every time: greedy
+//! generation of the tenant's prompts (those of one length batched together), and two forward
+//! passes per prompt for the KL. Each decision reports its seconds and replies generated.
 //!
 //! | file | job |
 //! |---|---|
@@ -239,18 +239,14 @@ impl Gate {
         let mut generated = 0;
         let mut notes = Vec::new();
         let read = |adapter: Option<&LoraAdapter>, set: &Set| -> Result<Vec<Reply>, GateError> {
-            set.prompts
-                .iter()
-                .map(|p| {
-                    Ok(replies::greedy(
-                        model,
-                        text,
-                        adapter,
-                        &p.prompt,
-                        max_new_tokens,
-                    )?)
-                })
-                .collect()
+            let prompts: Vec<&str> = set.prompts.iter().map(|p| p.prompt.as_str()).collect();
+            Ok(replies::greedy(
+                model,
+                text,
+                adapter,
+                &prompts,
+                max_new_tokens,
+            )?)
         };
         for &i in &applying {
             let set = &self.sets[i];

@@ -1,7 +1,9 @@
 //! What the gate reads of a version: its greedy reply to each prompt, and how far its
 //! next-token distributions moved from the base's along the base's own replies.
 
-use clawback_model::generate::{generate, SamplingParams};
+use std::collections::BTreeMap;
+
+use clawback_model::generate::greedy_batch;
 use clawback_model::lora::LoraAdapter;
 use clawback_model::model::{Model, ModelError};
 use serde_json::json;
@@ -29,33 +31,57 @@ pub struct Reply {
     pub text: String,
 }
 
-/// The greedy reply of the base (`adapter` `None`) or the base plus `adapter` to `prompt`, asked
-/// as a user's one message in the model's chat template (its own default system prompt, as an
-/// agent that sends none gets).
+/// Rows of one generation batch at most: what bounds the gate's memory, not its work.
+const BATCH_ROWS: usize = 16;
+
+/// The greedy replies of the base (`adapter` `None`) or the base plus `adapter` to `prompts`,
+/// each asked as a user's one message in the model's chat template (its own default system
+/// prompt, as an agent that sends none gets), in order. Prompts that render to the same number
+/// of tokens are generated together as one batch.
 pub fn greedy(
     model: &Model,
     text: &TextCodec,
     adapter: Option<&LoraAdapter>,
-    prompt: &str,
+    prompts: &[&str],
     max_new_tokens: usize,
-) -> Result<Reply, RepliesError> {
-    let prompt_ids: Vec<i64> = text
-        .prompt_ids(&[json!({"role": "user", "content": prompt})], &[])?
+) -> Result<Vec<Reply>, RepliesError> {
+    let rendered: Vec<Vec<i64>> = prompts
+        .iter()
+        .map(|prompt| {
+            Ok(text
+                .prompt_ids(&[json!({"role": "user", "content": prompt})], &[])?
+                .into_iter()
+                .map(i64::from)
+                .collect())
+        })
+        .collect::<Result<_, RepliesError>>()?;
+    let stop: Vec<i64> = text.eos().map(i64::from).into_iter().collect();
+    let mut by_length: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, ids) in rendered.iter().enumerate() {
+        by_length.entry(ids.len()).or_default().push(i);
+    }
+    let mut generated: Vec<Vec<i64>> = vec![Vec::new(); prompts.len()];
+    for rows in by_length.values() {
+        for chunk in rows.chunks(BATCH_ROWS) {
+            let batch: Vec<Vec<i64>> = chunk.iter().map(|&i| rendered[i].clone()).collect();
+            let replies = greedy_batch(model, adapter, &batch, max_new_tokens, &stop)?;
+            for (&i, ids) in chunk.iter().zip(replies) {
+                generated[i] = ids;
+            }
+        }
+    }
+    rendered
         .into_iter()
-        .map(i64::from)
-        .collect();
-    let params = SamplingParams {
-        max_new_tokens,
-        stop_token_ids: text.eos().map(i64::from).into_iter().collect(),
-        ..SamplingParams::default()
-    };
-    let generated = generate(model, adapter, &prompt_ids, &params)?;
-    let reply = text.reply_text(&generated.token_ids)?;
-    Ok(Reply {
-        prompt_ids,
-        ids: generated.token_ids,
-        text: reply.trim().to_owned(),
-    })
+        .zip(generated)
+        .map(|(prompt_ids, ids)| {
+            let reply = text.reply_text(&ids)?;
+            Ok(Reply {
+                prompt_ids,
+                ids,
+                text: reply.trim().to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// Σ over `reply`'s tokens of KL(candidate ‖ base) of the next-token distribution at each, in
