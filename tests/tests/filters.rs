@@ -337,7 +337,7 @@ async fn hostile_plugins_are_isolated_and_the_stored_evaluation_says_why() {
         other => panic!("{plugin} should have failed, got {other:?}"),
     };
     assert!(
-        reason("endless_loop").starts_with("deadline:"),
+        reason("endless_loop").starts_with("fuel:"),
         "{}",
         reason("endless_loop")
     );
@@ -369,7 +369,7 @@ async fn hostile_plugins_are_isolated_and_the_stored_evaluation_says_why() {
         .expect("metrics text");
     assert!(
         metrics.contains(
-            "clawback_filter_errors_total{plugin=\"endless_loop\",reason=\"deadline\"} 1"
+            "clawback_filter_errors_total{plugin=\"endless_loop\",reason=\"fuel\"} 1"
         ),
         "{metrics}"
     );
