@@ -368,9 +368,7 @@ async fn hostile_plugins_are_isolated_and_the_stored_evaluation_says_why() {
         .await
         .expect("metrics text");
     assert!(
-        metrics.contains(
-            "clawback_filter_errors_total{plugin=\"endless_loop\",reason=\"fuel\"} 1"
-        ),
+        metrics.contains("clawback_filter_errors_total{plugin=\"endless_loop\",reason=\"fuel\"} 1"),
         "{metrics}"
     );
 }
