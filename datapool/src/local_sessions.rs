@@ -72,6 +72,7 @@ pub struct LocalSessions {
 impl LocalSessions {
     /// The session state in the file at `path`, shared with every process that opens it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        crate::local_store::create_private(path.as_ref());
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // Session state is rebuilt by the calls that follow a crash: no fsync per transaction.

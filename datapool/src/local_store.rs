@@ -87,10 +87,24 @@ pub struct LocalStore {
     path: PathBuf,
 }
 
+/// Creates the SQLite file at `path`, when missing, readable by its owner alone (it holds
+/// conversations), whatever the process umask says; SQLite gives its `-wal` and `-shm` files
+/// the database file's permissions. A file that cannot be created here is reported by SQLite's
+/// own open, which tries the same.
+pub(crate) fn create_private(path: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path);
+}
+
 impl LocalStore {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        create_private(&path);
         let conn = Connection::open(&path)?;
         // WAL: a trainer process can read while the sidecar writes. The busy timeout lets two
         // processes take turns on the write lock instead of failing with SQLITE_BUSY.

@@ -525,6 +525,16 @@ where
         &body,
         app.config.limits.max_body_values,
     )?;
+    if let Some(json) = &json {
+        crate::data_plane::engine_fields::check(
+            &app.config.forwarding,
+            app.config.upstream_kind,
+            &tenant,
+            endpoint,
+            &upstream_path,
+            json,
+        )?;
+    }
     let (body, json, endpoint, upstream_path, answer) = match (endpoint, json) {
         (Endpoint::Models, _) => {
             let response = app
@@ -726,8 +736,23 @@ async fn prepare_call(
     mut json: Value,
 ) -> Result<(Bytes, Option<Pending>, Routed), ProxyError> {
     let routed = route_call(app, &tenant, endpoint, &mut json)?;
+    // What the sidecar sets for the engine itself, after the step recorded what the agent sent.
+    let set = |json: &mut Value| {
+        crate::data_plane::engine_fields::set(
+            &app.config.forwarding,
+            app.config.upstream_kind,
+            &tenant,
+            endpoint,
+            json,
+        )
+    };
     let (Some(recorder), Some(step_endpoint)) = (&app.recorder, request::endpoint(endpoint)) else {
-        return Ok((reencode_if(routed.rewritten, &json, body)?, None, routed));
+        let decided = set(&mut json);
+        return Ok((
+            reencode_if(decided || routed.rewritten, &json, body)?,
+            None,
+            routed,
+        ));
     };
     let mut hints = Hints::read(session, &parts.headers, Some(&json))?;
     let responses_turn = match step_endpoint {
@@ -751,13 +776,14 @@ async fn prepare_call(
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let mut call = recorder.begin(tenant, &hints, step_endpoint, &json, traceparent);
+    let mut call = recorder.begin(tenant.clone(), &hints, step_endpoint, &json, traceparent);
+    let decided = set(&mut json);
     call.policy = routed.policy.clone();
     call.responses = responses_turn;
     let model = json["model"].as_str().unwrap_or_default().to_owned();
     let capture = Capture::for_request(app.config.upstream_kind, step_endpoint, &mut json);
     let body = reencode_if(
-        routed.rewritten || resolved || !capture.injected().is_empty(),
+        decided || routed.rewritten || resolved || !capture.injected().is_empty(),
         &json,
         body,
     )?;

@@ -49,6 +49,8 @@ pub struct Config {
     pub agent_api: crate::data_plane::layers::agent_api::AgentApiConfig,
     /// Per-tenant adapter routing ([`crate::data_plane::policy`]).
     pub routing: crate::data_plane::policy::Routing,
+    /// Which body fields reach the engine ([`crate::data_plane::engine_fields`]).
+    pub forwarding: crate::data_plane::engine_fields::Forwarding,
     pub log: Log,
     /// Wasm filter plugins that score recorded steps (`--plugins DIR`).
     #[serde(default)]
@@ -78,6 +80,7 @@ impl Default for Config {
             admin: Admin::default(),
             agent_api: crate::data_plane::layers::agent_api::AgentApiConfig::default(),
             routing: crate::data_plane::policy::Routing::default(),
+            forwarding: crate::data_plane::engine_fields::Forwarding::default(),
             log: Log::default(),
             filters: clawback_filters::FiltersConfig::default(),
             claw_r1: ClawR1::default(),
@@ -143,6 +146,7 @@ const ENV_KEYS: &[&str] = &[
     "admin",
     "agent_api",
     "routing",
+    "forwarding",
     "log",
     "filters",
     "claw_r1",
@@ -204,6 +208,7 @@ impl Config {
             })?;
         }
         self.routing.check().map_err(ConfigError::Semantic)?;
+        self.forwarding.check().map_err(ConfigError::Semantic)?;
         crate::data_plane::layers::agent_api::AllowList::new(&self.agent_api)
             .map_err(|e| ConfigError::Semantic(e.to_string()))?;
         if self.filters.dir.is_some() && !self.recording.enabled {

@@ -151,13 +151,33 @@ pub fn nginx_check(site: &Path) -> Result<(), String> {
 pub async fn start_nginx(sidecars: &[SocketAddr]) -> FrontDoor {
     let shipped = std::fs::read_to_string(repo_root().join("deploy/nginx/clawback.conf"))
         .expect("deploy/nginx/clawback.conf is readable");
-    let shipped = &shipped;
+    start_nginx_site(|listen| {
+        nginx_site(&shipped, sidecars, listen).unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+}
+
+/// NGINX in front of `engine` compressing every answer whose client accepts gzip, as a hop
+/// between the sidecar and an engine might (a gateway with `gzip on`).
+pub async fn start_compressing_hop(engine: SocketAddr) -> FrontDoor {
+    start_nginx_site(|listen| {
+        format!(
+            "server {{\n  listen {listen};\n  gzip on;\n  gzip_types *;\n  gzip_proxied any;\n  \
+             gzip_min_length 0;\n  location / {{\n    proxy_pass http://{engine};\n    \
+             proxy_http_version 1.1;\n    proxy_buffering off;\n  }}\n}}\n"
+        )
+    })
+    .await
+}
+
+/// NGINX serving the site `render` writes for the address it listens on.
+async fn start_nginx_site(render: impl Fn(SocketAddr) -> String) -> FrontDoor {
+    let render = &render;
     on_a_free_port("nginx", |listen| async move {
         let dir = scratch_dir("nginx");
         std::fs::create_dir_all(&dir).expect("nginx scratch dir");
         let site = dir.join("clawback.conf");
-        let rendered = nginx_site(shipped, sidecars, listen).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(&site, rendered).expect("write nginx site");
+        std::fs::write(&site, render(listen)).expect("write nginx site");
         let main = dir.join("nginx.conf");
         std::fs::write(&main, nginx_main(&dir, &site)).expect("write nginx.conf");
         let child = Command::new(nginx_binary())

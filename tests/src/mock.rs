@@ -51,6 +51,9 @@ pub struct Behaviour {
     /// apart, as an engine decoding one token at a time, each stamped with when it was sent
     /// ([`SENT_AT_FIELD`]): what the bench's paced phase measures a hop's added delay by.
     pub paced: Option<Duration>,
+    /// Labels every answer with this `Content-Encoding` (its body unchanged), as a hop that
+    /// compresses whatever the client asked for would.
+    pub content_encoding: Option<&'static str>,
 }
 
 /// The request header that asks for [`Behaviour::paced`] answers.
@@ -280,6 +283,12 @@ async fn handle(
         http::header::CONTENT_TYPE,
         content_type.parse().expect("static"),
     );
+    if let Some(encoding) = behaviour.content_encoding {
+        headers.insert(
+            http::header::CONTENT_ENCODING,
+            http::HeaderValue::from_static(encoding),
+        );
+    }
     if streaming {
         headers.insert(
             http::header::CACHE_CONTROL,

@@ -48,6 +48,11 @@ pub enum ProxyError {
         #[source]
         source: crate::data_plane::connections::SendError,
     },
+    #[error("upstream {upstream} answered with Content-Encoding `{encoding}` although the sidecar asked for identity; it cannot check or record such an answer, so it does not pass it on")]
+    EncodedAnswer {
+        upstream: std::sync::Arc<str>,
+        encoding: String,
+    },
     #[error("could not build the upstream request: {0}")]
     BadUpstreamRequest(#[source] http::Error),
     #[error("internal error: {0}")]
@@ -63,12 +68,26 @@ pub enum ProxyError {
     /// A body the sidecar cannot read strictly ([`crate::data_plane::agent_json`]): refused, never forwarded.
     #[error("{0}")]
     UnreadableBody(#[from] crate::data_plane::agent_json::Unreadable),
+    /// A body with a field the sidecar does not forward ([`crate::data_plane::engine_fields`]).
+    #[error("{0}")]
+    NotForwarded(crate::data_plane::engine_fields::Refused),
     /// A `previous_response_id` or `GET /v1/responses/{id}` that is not one of this tenant's
     /// responses (unknown, forgotten, or another tenant's: the answer does not say which).
     #[error("Previous response with id '{id}' not found.")]
     ResponseNotFound { id: String },
     #[error("Response with id '{id}' not found.")]
     StoredResponseNotFound { id: String },
+}
+
+impl From<crate::data_plane::engine_fields::Refused> for ProxyError {
+    fn from(refused: crate::data_plane::engine_fields::Refused) -> Self {
+        use crate::data_plane::engine_fields::Refused;
+        match refused {
+            // Answered as any model the tenant may not call, so it does not say which exist.
+            Refused::Model(model) => Self::ModelNotAvailable { model },
+            other => Self::NotForwarded(other),
+        }
+    }
 }
 
 impl ProxyError {
@@ -82,7 +101,8 @@ impl ProxyError {
             | Self::BadTenantHeader
             | Self::BadSessionHint(_)
             | Self::BadMessagesRequest(_)
-            | Self::UnreadableBody(_) => StatusCode::BAD_REQUEST,
+            | Self::UnreadableBody(_)
+            | Self::NotForwarded(_) => StatusCode::BAD_REQUEST,
             Self::UnknownApiKey | Self::SessionKeyEnded => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. }
             | Self::NotAgentApi { .. }
@@ -94,7 +114,9 @@ impl ProxyError {
             Self::Overloaded { .. } | Self::NoHealthyUpstream { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::ConnectFailed { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::ConnectFailed { .. } | Self::Upstream { .. } | Self::EncodedAnswer { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BadUpstreamRequest(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -117,6 +139,7 @@ impl ProxyError {
             | Self::BadSessionHint(_)
             | Self::BadMessagesRequest(_)
             | Self::UnreadableBody(_)
+            | Self::NotForwarded(_)
             | Self::ResponseNotFound { .. }
             | Self::StoredResponseNotFound { .. } => "invalid_request_error",
             Self::Overloaded { .. } => "overloaded_error",
@@ -142,6 +165,7 @@ impl ProxyError {
             Self::BadSessionHint(_) => "invalid_session_header",
             Self::BadMessagesRequest(_) => "invalid_request",
             Self::UnreadableBody(_) => "invalid_body",
+            Self::NotForwarded(_) => "not_forwarded",
             Self::ResponseNotFound { .. } => "previous_response_not_found",
             Self::StoredResponseNotFound { .. } => "response_not_found",
             Self::Overloaded { .. } => "overloaded",
@@ -150,6 +174,7 @@ impl ProxyError {
             Self::ConnectFailed { .. } => "upstream_connect_failed",
             Self::FirstByteTimeout { .. } => "upstream_timeout",
             Self::Upstream { .. } => "upstream_failed",
+            Self::EncodedAnswer { .. } => "upstream_encoded",
             Self::BadUpstreamRequest(_) | Self::Internal(_) => "internal_error",
         }
     }

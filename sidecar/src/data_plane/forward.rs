@@ -261,6 +261,14 @@ impl Forwarder {
                     })
                 }
             };
+            if let Some(encoding) = encoded(response.headers()) {
+                // Asked for identity and sent something else (a compressing hop between):
+                // nothing of it could be filtered or recorded, so nothing of it is passed on.
+                return Err(ProxyError::EncodedAnswer {
+                    upstream: Arc::clone(&upstream.name),
+                    encoding,
+                });
+            }
             let head_at = Instant::now();
             self.metrics
                 .upstream_first_byte
@@ -315,8 +323,15 @@ impl Forwarder {
         headers.remove(header::HOST);
         // The engine can use it as its own request id (vLLM: --enable-request-id-headers).
         if let Some(id) = parts.extensions.get::<RequestId>() {
-            headers.insert(REQUEST_ID_HEADER, id.0.clone());
+            headers.insert(REQUEST_ID_HEADER, id.upstream());
         }
+        // What the sidecar reads of an answer (the step it records, the ids it strips, the
+        // model list it filters) it must be able to read: the agent's `Accept-Encoding` is
+        // not the engine's business.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         if let Some((name, value)) = &self.upstream_auth {
             // The tenant's key, in whichever header it came, stays here.
             headers.remove(header::AUTHORIZATION);
@@ -378,6 +393,18 @@ impl Forwarder {
         response.extensions_mut().insert(timing);
         (response, relay)
     }
+}
+
+/// The answer's `Content-Encoding` when it is anything but identity.
+fn encoded(headers: &HeaderMap) -> Option<String> {
+    let encoding = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+        .filter(|v| !v.is_empty() && !v.eq_ignore_ascii_case("identity"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (!encoding.is_empty()).then_some(encoding)
 }
 
 fn is_event_stream(headers: &HeaderMap) -> bool {

@@ -7,6 +7,7 @@ pub mod body;
 pub mod bounds;
 pub mod capture;
 pub mod connections;
+pub mod engine_fields;
 pub mod error;
 pub mod filters;
 pub mod forward;

@@ -4,6 +4,7 @@
 //! the session state the replicas share: in Redis, or in a SQLite file of its own in `data_dir`
 //! (replicas on one machine that share `data_dir` share it).
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -50,10 +51,15 @@ pub struct Location<'a> {
 }
 
 pub async fn open(config: Location<'_>) -> Result<Datapool, OpenError> {
-    std::fs::create_dir_all(config.data_dir).map_err(|source| OpenError::DataDir {
-        dir: config.data_dir.to_owned(),
-        source,
-    })?;
+    // It holds conversations: a new folder is its owner's alone, whatever the umask says.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(config.data_dir)
+        .map_err(|source| OpenError::DataDir {
+            dir: config.data_dir.to_owned(),
+            source,
+        })?;
     match config.redis {
         None => Ok(Datapool {
             store: Arc::new(LocalStore::open(config.data_dir.join(LOCAL_FILE))?),
@@ -74,6 +80,42 @@ pub async fn open(config: Location<'_>) -> Result<Datapool, OpenError> {
                 sessions: store,
                 remote_sessions: true,
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_embedded_stores_files_are_their_owners_alone_whatever_the_umask() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let data_dir = dir.path().join("data");
+        let pool = open(Location {
+            redis: None,
+            redis_cluster: false,
+            data_dir: &data_dir,
+        })
+        .await
+        .expect("the embedded store opens");
+        drop(pool);
+        let mode = |path: &Path| {
+            std::fs::metadata(path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(mode(&data_dir), 0o700);
+        for file in [LOCAL_FILE, SESSIONS_FILE] {
+            assert_eq!(mode(&data_dir.join(file)), 0o600, "{file}");
+            let wal = data_dir.join(format!("{file}-wal"));
+            if wal.exists() {
+                assert_eq!(mode(&wal), 0o600, "{file}-wal");
+            }
         }
     }
 }

@@ -102,7 +102,13 @@ async fn an_openclaw_request_reaches_the_engine_intact_with_its_headers() {
     assert_eq!(received.headers["authorization"], "Bearer sk-agent-key");
     assert_eq!(received.headers["x-stainless-lang"], "js");
     assert_eq!(received.headers["x-stainless-package-version"], "5.23.2");
-    assert_eq!(received.headers["x-request-id"], request_id);
+    // The engine's id starts with the agent's and is unique whatever the agent sent.
+    let upstream_id = received.headers["x-request-id"].to_str().unwrap();
+    let agent_id = request_id.to_str().unwrap();
+    assert!(
+        upstream_id.starts_with(&format!("{agent_id}-")),
+        "{upstream_id}"
+    );
 
     // The tool call split over several chunks and the usage chunk arrive as sent.
     let events = sse_data(&streamed);

@@ -3,6 +3,7 @@
 mod anthropic;
 mod balancing;
 mod claw_r1;
+mod engine_fields;
 mod forwarding;
 mod lifecycle;
 mod limits;

@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::{assert_openai_error, client, eventually, poll, post_chat, store};
 
 pub(crate) const ALPHA_KEY: &str = "sk-alpha-0123456789";
-const BRAVO_KEY: &str = "sk-bravo-0123456789";
+pub(crate) const BRAVO_KEY: &str = "sk-bravo-0123456789";
 
 /// Two tenants with keys, routing on with `mock-llama` as the base model, unknown keys refused.
 pub(crate) fn two_tenants(engine: &MockUpstream) -> Config {
@@ -546,7 +546,7 @@ async fn a_secret_is_redacted_from_every_stored_field_and_takes_the_tokens_with_
             .header("x-clawback-session", "leaky")
             .json(
                 &json!({"model": "mock-llama", "messages": messages, "tools": tools,
-                          "tool_choice": "none", "api_key": SECRET, "stop": [SECRET],
+                          "tool_choice": "none", "user": SECRET, "stop": [SECRET],
                           "metadata": {"note": SECRET}}),
             )
             .send()

@@ -5,6 +5,7 @@
 //! request sent to it directly.
 
 mod anthropic;
+mod fields;
 mod judge;
 mod pool;
 mod responses;

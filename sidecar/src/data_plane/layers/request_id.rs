@@ -17,6 +17,11 @@ const MAX_LEN: usize = 128;
 #[derive(Debug, Clone)]
 pub struct RequestId(pub HeaderValue);
 
+/// A fresh random id (32 hex digits).
+fn generated() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 impl RequestId {
     fn from_request<B>(request: &Request<B>) -> Self {
         let given = request
@@ -25,12 +30,20 @@ impl RequestId {
             .filter(|v| !v.is_empty() && v.len() <= MAX_LEN && v.to_str().is_ok());
         match given {
             Some(value) => Self(value.clone()),
-            None => {
-                let id = uuid::Uuid::new_v4().simple().to_string();
-                // A hex string is always a valid header value.
-                Self(HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("invalid")))
-            }
+            // A hex string is always a valid header value.
+            None => Self(
+                HeaderValue::from_str(&generated()).unwrap_or(HeaderValue::from_static("invalid")),
+            ),
         }
+    }
+
+    /// The id the engine gets (vLLM takes it as its own request id): this one with a random
+    /// suffix, so that it is unique whatever the client sent — two clients (two tenants) that
+    /// send the same id would otherwise collide in the engine, which refuses the second — and
+    /// still starts with the id the agent's and the sidecar's logs carry.
+    pub fn upstream(&self) -> HeaderValue {
+        let id = format!("{}-{}", self.as_str(), generated());
+        HeaderValue::from_str(&id).unwrap_or_else(|_| self.0.clone())
     }
 
     pub fn as_str(&self) -> &str {

@@ -19,7 +19,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -95,11 +95,17 @@ impl Journal {
             let path = path.to_path_buf();
             move |source| JournalError { path, source }
         };
-        std::fs::create_dir_all(&dir).map_err(fail(&dir))?;
+        // It holds conversations: the owner's alone, whatever the process umask says.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(fail(&dir))?;
         for slot in 0..SLOTS {
             let lock_path = dir.join(format!("recorder-{slot}.lock"));
             let lock = OpenOptions::new()
                 .create(true)
+                .mode(0o600)
                 .truncate(false)
                 .write(true)
                 .open(&lock_path)
@@ -124,6 +130,7 @@ impl Journal {
         };
         let mut file = OpenOptions::new()
             .create(true)
+            .mode(0o600)
             .truncate(false)
             .read(true)
             .write(true)
@@ -137,6 +144,7 @@ impl Journal {
         let checkpoint_path = path.with_extension("applied");
         let checkpoint = OpenOptions::new()
             .create(true)
+            .mode(0o600)
             .truncate(false)
             .read(true)
             .write(true)
@@ -403,6 +411,25 @@ mod tests {
                 _ => unreachable!(),
             })
             .collect()
+    }
+
+    #[test]
+    fn the_journal_is_its_owners_alone_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), false).unwrap();
+        journal.append(&[op(1)]).unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let folder = dir.path().join("journal");
+        assert_eq!(mode(&folder), 0o700);
+        let files: Vec<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 3, "{files:?}");
+        for file in files {
+            assert_eq!(mode(&file), 0o600, "{}", file.display());
+        }
     }
 
     #[test]
