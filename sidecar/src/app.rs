@@ -91,6 +91,8 @@ pub struct App {
     pub tasks: TaskTracker,
     /// Stops the background work (the recorder's sweeper) at shutdown.
     pub background: CancellationToken,
+    /// When `/metrics` last read the datapool's lag ([`LAG_REFRESH`]).
+    lag_read_at: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -214,12 +216,13 @@ impl App {
             filters,
             tasks,
             background,
+            lag_read_at: tokio::sync::Mutex::new(None),
         }))
     }
 
-    /// Whether `route` is answered on `port`: with `admin.listen` set, the admin API and the
-    /// viewer live on the admin port only and the agent API on the agent port only; health,
-    /// readiness and metrics on both.
+    /// Whether `route` is answered on `port`: with `admin.listen` set, the admin API, the
+    /// viewer and `/metrics` live on the admin port only and the agent API on the agent port
+    /// only; health and readiness on both.
     fn serves_on(&self, port: Port, route: &Route) -> bool {
         if self.config.admin.listen.is_none() {
             return true;
@@ -227,7 +230,9 @@ impl App {
         match route {
             Route::Control(control) => control.home == port,
             Route::Api { .. } | Route::ClawR1Api { .. } => port == Port::Agent,
-            Route::Healthz | Route::Readyz | Route::Metrics | Route::NotFound => true,
+            // Metrics name tenants and their adapters: not for the agents' port.
+            Route::Metrics => port == Port::Admin,
+            Route::Healthz | Route::Readyz | Route::NotFound => true,
         }
     }
 
@@ -870,9 +875,20 @@ fn expected_capture(kind: crate::config::UpstreamKind) -> &'static str {
     }
 }
 
+/// The datapool's lag is read at most this often, however often `/metrics` is asked: a read
+/// costs one store query per tenant, and whoever reaches the port may ask.
+const LAG_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn metrics(app: &App) -> Response<ProxyBody> {
     if let Some(recorder) = &app.recorder {
-        datapool_lag(recorder.store().as_ref(), &app.metrics).await;
+        // One read at a time: a scrape that finds one under way, or a recent one, answers with
+        // the gauges as they are.
+        if let Ok(mut read_at) = app.lag_read_at.try_lock() {
+            if read_at.is_none_or(|at| at.elapsed() >= LAG_REFRESH) {
+                datapool_lag(recorder.store().as_ref(), &app.metrics).await;
+                *read_at = Some(std::time::Instant::now());
+            }
+        }
     }
     for upstream in app.pool.all() {
         app.metrics

@@ -687,11 +687,25 @@ async fn a_tenant_token_sees_and_scores_only_its_own_tenant() {
 async fn with_an_admin_listener_the_agent_port_has_no_admin_api_and_the_admin_port_no_agent_api() {
     let (engine, sidecar) = two_recorded_tenants(true).await;
     let admin = sidecar.admin_addr.expect("an admin listener");
-    for path in ["/trajectories", "/tenants", "/ui", "/admin/policies"] {
+    // Metrics name every tenant and its adapters: the agents' port has none.
+    for path in [
+        "/trajectories",
+        "/tenants",
+        "/ui",
+        "/admin/policies",
+        "/metrics",
+    ] {
         let (status, _) = admin_get(&sidecar, GLOBAL_ADMIN, path).await;
         assert_eq!(status, 404, "{path} on the agent port");
     }
     let on_admin = |path: &str| format!("http://{admin}{path}");
+    let metrics = client().get(on_admin("/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), 200);
+    assert!(metrics
+        .text()
+        .await
+        .unwrap()
+        .contains("clawback_requests_total"));
     let listed = client()
         .get(on_admin("/tenants"))
         .bearer_auth(GLOBAL_ADMIN)
