@@ -61,7 +61,6 @@ use crate::data_plane::recorder::{request, Pending, Recorder};
 use crate::data_plane::route::{Endpoint, Route, SessionId};
 use crate::data_plane::server::{self, Port, Serving};
 use crate::data_plane::session::explicit::Hints;
-use crate::data_plane::share;
 use crate::data_plane::tenant::{TenantResolver, Unresolved};
 use crate::data_plane::upstream::{Pool, UpstreamUrlError};
 use clawback_datapool::TenantId;
@@ -123,7 +122,9 @@ impl App {
         );
         let tasks = TaskTracker::new();
         let tenants = TenantResolver::new(&config.tenants)?;
-        // A sidecar that serves one tenant gives it the whole of every bound.
+        // A sidecar that serves one tenant gives it the whole of every bound; `tenant_share = 1`
+        // turns fair shares off.
+        let fair = tenants.is_shared() && config.limits.tenant_share < 1.0;
         let fraction = match tenants.is_shared() {
             true => config.limits.tenant_share,
             false => 1.0,
@@ -134,10 +135,7 @@ impl App {
             config.upstream_api_key.as_deref(),
             config.upstream_kind,
             config.timeouts.clone(),
-            crate::data_plane::forward::Orphans::new(
-                max_orphans,
-                crate::data_plane::share::of(max_orphans, fraction),
-            ),
+            crate::data_plane::forward::Orphans::new(max_orphans, fraction, fair),
             Arc::clone(&metrics),
             tasks.clone(),
         )?);
@@ -188,10 +186,11 @@ impl App {
             }
             None => None,
         };
-        let calls = crate::data_plane::share::Shares::new(crate::data_plane::share::of(
+        let calls = crate::data_plane::share::Shares::new(
             config.limits.max_concurrent_requests,
             fraction,
-        ));
+            fair,
+        );
         let control = Handles {
             recorder: recorder.clone(),
             policies: router.as_ref().map(|router| Arc::clone(router.table())),
@@ -199,7 +198,7 @@ impl App {
             admin,
             listen: config.listen,
             claw_r1: config.claw_r1.clone(),
-            uids: claw_r1::Registry::new(share::of(claw_r1::MAX_OPEN, fraction)),
+            uids: claw_r1::Registry::new(fraction, fair),
             idle_timeout: config.recording.idle_timeout,
         };
         Ok(Arc::new(Self {
@@ -487,7 +486,7 @@ where
         .calls
         .try_take(&tenant)
         .ok_or(ProxyError::TenantOverloaded {
-            share: app.calls.limit(),
+            share: app.calls.share_of(&tenant),
             retry_after_secs: app.config.limits.retry_after_secs,
         })?;
     let share = HeldShare {

@@ -155,12 +155,17 @@ impl Minted {
 }
 
 impl Registry {
-    /// A registry whose tenants may each hold `per_tenant` of the [`MAX_OPEN`] uids.
-    pub fn new(per_tenant: usize) -> Self {
+    /// A registry of [`MAX_OPEN`] uids, each tenant its share of them
+    /// ([`crate::data_plane::share::Counts::new`]).
+    pub fn new(fraction: f64, fair: bool) -> Self {
+        Self::sized(MAX_OPEN, fraction, fair)
+    }
+
+    fn sized(total: usize, fraction: f64, fair: bool) -> Self {
         Self {
             state: Mutex::new(Minted {
                 open: HashMap::new(),
-                per_tenant: crate::data_plane::share::Counts::new(per_tenant),
+                per_tenant: crate::data_plane::share::Counts::new(total, fraction, fair),
             }),
         }
     }
@@ -171,7 +176,7 @@ impl Registry {
 
     fn mint(&self, tenant: TenantId, idle: Duration) -> Result<String, ClawR1Error> {
         let mut state = self.lock();
-        let at_share = state.per_tenant.held(&tenant) >= state.per_tenant.limit();
+        let at_share = !state.per_tenant.may_take(&tenant);
         if state.open.len() >= MAX_OPEN || at_share {
             state.forget_idle(idle);
         }
@@ -179,7 +184,7 @@ impl Registry {
             return Err(ClawR1Error::Full);
         }
         if !state.per_tenant.take(&tenant) {
-            return Err(ClawR1Error::TenantFull(state.per_tenant.limit()));
+            return Err(ClawR1Error::TenantFull(state.per_tenant.share_of(&tenant)));
         }
         let uid = TrajectoryId::new().to_string();
         state.open.insert(
@@ -429,7 +434,8 @@ mod tests {
 
     #[test]
     fn a_tenant_at_its_share_of_uids_leaves_the_rest_to_others() {
-        let registry = Registry::new(2);
+        // Eight uids, a quarter each at most.
+        let registry = Registry::sized(8, 0.25, true);
         let idle = Duration::from_secs(600);
         let (alpha, bravo) = (
             TenantId::new("alpha").unwrap(),

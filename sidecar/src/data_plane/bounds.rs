@@ -58,9 +58,11 @@ pub struct Limits {
     pub max_orphaned_calls: usize,
     /// Seconds sent in `Retry-After` when shedding load.
     pub retry_after_secs: u32,
-    /// The most of each bound every tenant draws on (`max_concurrent_requests`, Claw-R1's open
-    /// trajectories) one tenant may hold, as a fraction: past it the tenant gets 429 while the
-    /// others are served. 1 turns fair shares off; a sidecar with one tenant gives it the whole.
+    /// The most of each bound every tenant draws on (`max_concurrent_requests`, orphans,
+    /// Claw-R1's open trajectories) one tenant may hold even alone, as a fraction; with others
+    /// active its share shrinks to its part among them ([`crate::data_plane::share`]). Past it
+    /// the tenant gets 429 while the others are served. 1 turns fair shares off; a sidecar with
+    /// one tenant gives it the whole.
     pub tenant_share: f64,
 }
 

@@ -57,10 +57,11 @@ pub struct Orphans {
 }
 
 impl Orphans {
-    pub fn new(max: usize, per_tenant: usize) -> Self {
+    /// `max` places, each tenant its share of them ([`crate::data_plane::share::Counts::new`]).
+    pub fn new(max: usize, fraction: f64, fair: bool) -> Self {
         Self {
             all: Arc::new(Semaphore::new(max)),
-            per_tenant: crate::data_plane::share::Shares::new(per_tenant),
+            per_tenant: crate::data_plane::share::Shares::new(max, fraction, fair),
         }
     }
 }

@@ -1,8 +1,21 @@
-//! Fair shares: what every tenant draws on (calls in flight, Claw-R1 uids) is bounded per tenant
-//! as well as in all, so one tenant at its share is refused while the others are still served.
+//! Fair shares: what every tenant draws on (calls in flight, orphans, Claw-R1 uids) is bounded
+//! per tenant as well as in all, so tenants at their share are refused while the others are
+//! still served — however many tenants push at once, the default tenant one among them.
 //!
-//! A tenant's share is a fraction of the whole (`limits.tenant_share`, ½ by default); a sidecar
-//! that serves one tenant only gives it the whole.
+//! A tenant's share is not a fixed fraction: it is its part of the whole among the tenants that
+//! hold some of it now, with room kept for one more. With `k` tenants active (this one
+//! counted), a tenant may hold `total / (k + 1)` — and never more than `cap`
+//! (`limits.tenant_share` of the whole, ½ by default) — and beyond its first unit it takes one
+//! only while more than its share is still free. Units held are not taken back (a call in
+//! flight runs to its end), so the rule is about what is *taken*:
+//! - a tenant holding nothing gets a unit whenever one is free, however many others push;
+//! - tenants that came first keep at most what their share was when they took it, and as their
+//!   units come back they take again only up to the share of the tenants active then; two
+//!   colluding keys and the default tenant, arriving first at a whole of 64, hold 32, 11 and 5,
+//!   and leave 16 to the next tenants, each of whom gets one at once;
+//! - a tenant alone holds up to half the whole (`cap`), so the next one always finds room.
+//!
+//! A sidecar that serves one tenant gives it the whole (`cap = total`, no sharing).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,44 +27,69 @@ pub fn of(total: usize, fraction: f64) -> usize {
     ((total as f64 * fraction).ceil() as usize).clamp(1, total.max(1))
 }
 
-/// Units held per tenant, each tenant up to `limit`. Tenants holding none take no room.
+/// Units of a whole of `total` held per tenant, shared fairly among the tenants active (see the
+/// module docs). Tenants holding none take no room.
 #[derive(Debug)]
 pub struct Counts {
-    limit: usize,
+    total: usize,
+    /// The most one tenant may hold, even alone.
+    cap: usize,
+    /// Whether the share shrinks with the tenants active (a sidecar of several tenants).
+    fair: bool,
     held: HashMap<TenantId, usize>,
+    /// Units held by all tenants.
+    in_use: usize,
 }
 
 impl Counts {
-    pub fn new(limit: usize) -> Self {
+    /// A whole of `total`, one tenant holding at most `fraction` of it; `fair`: shared among
+    /// the tenants active as well.
+    pub fn new(total: usize, fraction: f64, fair: bool) -> Self {
         Self {
-            limit,
+            total,
+            cap: of(total, fraction),
+            fair,
             held: HashMap::new(),
+            in_use: 0,
         }
     }
 
-    pub fn limit(&self) -> usize {
-        self.limit
+    /// The most `tenant` may hold now (what a refusal tells it).
+    pub fn share_of(&self, tenant: &TenantId) -> usize {
+        if !self.fair {
+            return self.cap;
+        }
+        let active = self.held.len() + usize::from(!self.held.contains_key(tenant));
+        (self.total / (active + 1)).clamp(1, self.cap)
     }
 
-    /// Takes one unit for `tenant`; `false` when it holds its share already.
+    /// Whether `tenant` may take one more unit now.
+    pub fn may_take(&self, tenant: &TenantId) -> bool {
+        let held = self.held(tenant);
+        let free = self.total.saturating_sub(self.in_use);
+        let share = self.share_of(tenant);
+        if free == 0 || held >= share {
+            return false;
+        }
+        // Beyond its first unit, a tenant leaves the next tenant to come its share.
+        !self.fair || held == 0 || free > share
+    }
+
+    /// Takes one unit for `tenant`; `false` when it may not ([`Self::may_take`]).
     pub fn take(&mut self, tenant: &TenantId) -> bool {
-        match self.held.get_mut(tenant) {
-            Some(n) if *n >= self.limit => false,
-            Some(n) => {
-                *n += 1;
-                true
-            }
-            None => {
-                self.held.insert(tenant.clone(), 1);
-                true
-            }
+        if !self.may_take(tenant) {
+            return false;
         }
+        *self.held.entry(tenant.clone()).or_insert(0) += 1;
+        self.in_use += 1;
+        true
     }
 
     /// Gives one unit of `tenant`'s back.
     pub fn give_back(&mut self, tenant: &TenantId) {
         if let Some(n) = self.held.get_mut(tenant) {
             *n -= 1;
+            self.in_use -= 1;
             if *n == 0 {
                 self.held.remove(tenant);
             }
@@ -72,9 +110,10 @@ pub struct Shares {
 }
 
 impl Shares {
-    pub fn new(limit: usize) -> Arc<Self> {
+    /// Shares of a whole of `total` ([`Counts::new`]).
+    pub fn new(total: usize, fraction: f64, fair: bool) -> Arc<Self> {
         Arc::new(Self {
-            counts: Mutex::new(Counts::new(limit)),
+            counts: Mutex::new(Counts::new(total, fraction, fair)),
         })
     }
 
@@ -82,8 +121,14 @@ impl Shares {
         self.counts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn limit(&self) -> usize {
-        self.counts().limit()
+    /// The most `tenant` may hold now.
+    pub fn share_of(&self, tenant: &TenantId) -> usize {
+        self.counts().share_of(tenant)
+    }
+
+    /// Units `tenant` holds now.
+    pub fn held(&self, tenant: &TenantId) -> usize {
+        self.counts().held(tenant)
     }
 
     /// One unit for `tenant`, or `None` when it holds its share.
@@ -116,15 +161,28 @@ mod tests {
         TenantId::new(name).unwrap()
     }
 
+    /// Takes units for `who` until it is refused; how many it got.
+    fn take_all(counts: &mut Counts, who: &TenantId) -> usize {
+        let mut n = 0;
+        while counts.take(who) {
+            n += 1;
+        }
+        n
+    }
+
     #[test]
     fn a_tenant_at_its_share_is_refused_and_others_are_not() {
-        let shares = Shares::new(2);
+        let shares = Shares::new(4, 0.5, true);
         let (alpha, bravo) = (tenant("alpha"), tenant("bravo"));
         let first = shares.try_take(&alpha).unwrap();
         let _second = shares.try_take(&alpha).unwrap();
         assert!(shares.try_take(&alpha).is_none());
-        assert!(shares.try_take(&bravo).is_some());
+        let of_bravo = shares.try_take(&bravo);
+        assert!(of_bravo.is_some());
+        // With bravo active, alpha's share is a third of the whole: it holds it already.
         drop(first);
+        assert!(shares.try_take(&alpha).is_none());
+        drop(of_bravo);
         assert!(shares.try_take(&alpha).is_some());
     }
 
@@ -139,12 +197,57 @@ mod tests {
 
     #[test]
     fn tenants_holding_nothing_take_no_room() {
-        let mut counts = Counts::new(1);
+        let mut counts = Counts::new(1, 0.5, true);
         for i in 0..100 {
             let t = tenant(&format!("t{i}"));
             assert!(counts.take(&t));
             counts.give_back(&t);
         }
         assert!(counts.held.is_empty());
+        assert_eq!(counts.in_use, 0);
+    }
+
+    #[test]
+    fn colluding_tenants_that_come_first_leave_every_later_tenant_a_unit() {
+        // Two keys and the default tenant fill what they can, then eight more tenants come.
+        let mut counts = Counts::new(64, 0.5, true);
+        let took: Vec<usize> = ["eve", "mallory", "default"]
+            .iter()
+            .map(|name| take_all(&mut counts, &tenant(name)))
+            .collect();
+        assert_eq!(took, [32, 11, 5]);
+        for i in 0..8 {
+            let honest = tenant(&format!("honest-{i}"));
+            assert!(counts.take(&honest), "honest-{i} got nothing");
+        }
+        // The first ones cannot grow back past the share of the eleven tenants now active.
+        for name in ["eve", "mallory", "default"] {
+            assert!(!counts.take(&tenant(name)), "{name}");
+        }
+        assert_eq!(counts.share_of(&tenant("eve")), 64 / 12);
+    }
+
+    #[test]
+    fn as_the_first_tenants_units_come_back_they_take_again_only_their_fair_share() {
+        let mut counts = Counts::new(64, 0.5, true);
+        let eve = tenant("eve");
+        assert_eq!(take_all(&mut counts, &eve), 32);
+        let others: Vec<TenantId> = (0..10).map(|i| tenant(&format!("t{i}"))).collect();
+        for other in &others {
+            assert!(counts.take(other));
+        }
+        // All of eve's calls end; with eleven tenants active, she gets back at most 64 / 12.
+        for _ in 0..32 {
+            counts.give_back(&eve);
+        }
+        assert_eq!(take_all(&mut counts, &eve), 64 / 12);
+    }
+
+    #[test]
+    fn one_tenant_alone_has_its_cap_and_without_sharing_the_whole() {
+        let mut shared = Counts::new(8, 0.5, true);
+        assert_eq!(take_all(&mut shared, &tenant("alpha")), 4);
+        let mut alone = Counts::new(8, 1.0, false);
+        assert_eq!(take_all(&mut alone, &tenant("alpha")), 8);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawback_tests::harness::{test_config, Sidecar};
-use clawback_tests::mock::{Behaviour, MockUpstream};
+use clawback_tests::mock::{Behaviour, Hold, MockUpstream};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -314,4 +314,178 @@ async fn control_routes_refuse_before_reading_a_body_and_take_small_ones_only() 
     )
     .await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}
+
+/// Opens slow uploads as `key` (a few bytes of a large body, then nothing) until the sidecar
+/// refuses one; returns the ones it holds. Each upload is known held when the tenant's count of
+/// calls in flight went up, refused when its 429 arrived: no wait depends on the host's speed.
+async fn slow_uploads_until_refused(sidecar: &Sidecar, key: &str, tenant: &str) -> Vec<TcpStream> {
+    let tenant = clawback_datapool::TenantId::new(tenant).expect("a tenant");
+    let calls = &sidecar.app.calls;
+    let mut held = Vec::new();
+    loop {
+        let before = calls.held(&tenant);
+        let mut stream = TcpStream::connect(sidecar.addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+             content-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"model\":"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 4096];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if calls.held(&tenant) > before {
+                held.push(stream);
+                break;
+            }
+            match tokio::time::timeout(Duration::from_millis(20), stream.read(&mut answer)).await {
+                Ok(read) => {
+                    let answer = String::from_utf8_lossy(&answer[..read.unwrap()]).into_owned();
+                    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+                    return held;
+                }
+                Err(_) => assert!(tokio::time::Instant::now() < deadline, "no answer"),
+            }
+        }
+    }
+}
+
+/// Each of `tenants` makes `calls` calls one after another, all tenants at once; the statuses
+/// and the latencies of all.
+async fn honest_load(
+    sidecar: &Sidecar,
+    tenants: &[String],
+    calls: usize,
+) -> (Vec<u16>, Vec<Duration>) {
+    let runs = tenants.iter().map(|key| async move {
+        let mut out = Vec::new();
+        for _ in 0..calls {
+            let started = std::time::Instant::now();
+            let answer = client()
+                .post(sidecar.url("/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&chat_request(false))
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status().as_u16();
+            answer.bytes().await.unwrap();
+            out.push((status, started.elapsed()));
+        }
+        out
+    });
+    futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .unzip()
+}
+
+fn p99(latencies: &mut [Duration]) -> Duration {
+    latencies.sort();
+    latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)]
+}
+
+/// Two colluding tenants and the default tenant (any junk key) fill what they can with slow
+/// uploads before eight honest tenants come: the first three hold 32, 11 and 5 of 64 places,
+/// cannot grow past their share of the eleven tenants then active however hard they push, and
+/// every honest call is served.
+#[tokio::test]
+async fn two_colluding_tenants_and_the_default_tenant_leave_eight_honest_tenants_served() {
+    let engine = MockUpstream::start().await;
+    engine.set_behaviour(Behaviour {
+        head_delay: Duration::from_millis(20),
+        ..Behaviour::default()
+    });
+    let honest: Vec<String> = (0..8).map(|i| format!("sk-honest-{i}")).collect();
+    let config = || {
+        let mut config = test_config(&[engine.url()]);
+        config.limits.max_concurrent_requests = 64;
+        assert_eq!(config.tenants.default.as_deref(), Some("default"));
+        let keys = [
+            ("sk-eve", "eve".to_owned()),
+            ("sk-mallory", "mallory".to_owned()),
+        ]
+        .into_iter()
+        .chain(
+            honest
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.as_str(), format!("honest-{i}"))),
+        );
+        for (key, tenant) in keys {
+            config
+                .tenants
+                .keys
+                .insert(clawback_sidecar::data_plane::tenant::key_hash(key), tenant);
+        }
+        config
+    };
+    let quiet = Sidecar::start(config()).await;
+    let (statuses, mut alone) = honest_load(&quiet, &honest, 10).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+
+    let sidecar = Sidecar::start(config()).await;
+    let mut attack = Vec::new();
+    for (key, tenant) in [
+        ("sk-eve", "eve"),
+        ("sk-mallory", "mallory"),
+        ("sk-junk-1", "default"),
+    ] {
+        attack.push(slow_uploads_until_refused(&sidecar, key, tenant).await);
+    }
+    let held: Vec<usize> = attack.iter().map(Vec::len).collect();
+    assert_eq!(held, [32, 11, 5]);
+    let (statuses, mut abused) = honest_load(&sidecar, &honest, 10).await;
+    assert_eq!(statuses.len(), 80);
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    eprintln!(
+        "honest p99: {:?} under attack, {:?} without (80 calls each, mock engine 20 ms)",
+        p99(&mut abused),
+        p99(&mut alone)
+    );
+
+    // With the eight honest tenants in flight, eleven are active: however hard the first three
+    // push (another junk key is the same default tenant), none gets a place more.
+    let hold = Hold::after_chunks(0);
+    engine.set_behaviour(Behaviour {
+        hold: Some(hold.clone()),
+        ..Behaviour::default()
+    });
+    let in_flight: Vec<_> = honest
+        .iter()
+        .map(|key| {
+            let request = client()
+                .post(sidecar.url("/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&chat_request(false));
+            tokio::spawn(async move { request.send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    let calls = &sidecar.app.calls;
+    let all_in_flight = eventually(Duration::from_secs(30), || {
+        (0..8).all(|i| {
+            calls.held(&clawback_datapool::TenantId::new(format!("honest-{i}")).expect("tenant"))
+                == 1
+        })
+    })
+    .await;
+    assert!(all_in_flight);
+    for key in ["sk-eve", "sk-mallory", "sk-junk-2"] {
+        let answer = client()
+            .post(sidecar.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&chat_request(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 429, "{key}");
+        let body: Value = answer.json().await.unwrap();
+        assert_openai_error(&body, "tenant_overloaded");
+    }
+    hold.release();
+    for call in in_flight {
+        assert_eq!(call.await.unwrap().unwrap(), 200);
+    }
+    drop(attack);
 }
