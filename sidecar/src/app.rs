@@ -84,6 +84,8 @@ pub struct App {
     pub control: Handles,
     /// Each tenant's share of `limits.max_concurrent_requests` ([`crate::data_plane::share`]).
     pub calls: Arc<crate::data_plane::share::Shares>,
+    /// Each tenant's share of `limits.max_buffered_bytes`: the bytes of request bodies held.
+    pub bytes: Arc<crate::data_plane::share::Shares>,
     /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
     pub filters: Option<Arc<clawback_filters::Filters>>,
     /// Forwarding and relay tasks; shutdown waits for them.
@@ -191,6 +193,8 @@ impl App {
             fraction,
             fair,
         );
+        let bytes =
+            crate::data_plane::share::Shares::new(config.limits.max_buffered_bytes, fraction, fair);
         let control = Handles {
             recorder: recorder.clone(),
             policies: router.as_ref().map(|router| Arc::clone(router.table())),
@@ -212,6 +216,7 @@ impl App {
             router,
             control,
             calls,
+            bytes,
             filters,
             tasks,
             background,
@@ -501,6 +506,13 @@ where
     Ok(response)
 }
 
+/// A call's bytes of its tenant's share of the buffered bodies, in the request's extensions
+/// (which the forwarding task holds until the upstream call ends).
+#[derive(Clone)]
+struct HeldBytes {
+    _bytes: Arc<crate::data_plane::share::Share>,
+}
+
 /// A call's unit of its tenant's share, in the request's extensions and on its answer.
 #[derive(Clone)]
 struct HeldShare {
@@ -510,7 +522,7 @@ struct HeldShare {
 /// Reads, checks, routes and forwards one call of `tenant`.
 async fn serve<B>(
     app: Arc<App>,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: B,
     tenant: TenantId,
     session: Option<SessionId>,
@@ -522,7 +534,28 @@ where
     B::Error: Into<BoxError>,
 {
     let limit = app.config.limits.max_body_bytes;
+    // The tenant's share of the bytes of bodies buffered at once, taken before the body is
+    // read (what it declares, or the limit while a body of unknown length arrives) and held,
+    // with the bytes, until the upstream call ends.
+    let reserved = declared_length(&parts.headers).map_or(limit, |len| len.min(limit));
+    let mut bytes = app.bytes.try_take_n(&tenant, reserved).map_err(|refusal| {
+        let retry_after_secs = app.config.limits.retry_after_secs;
+        match refusal {
+            crate::data_plane::share::Refusal::Whole => ProxyError::BuffersFull {
+                limit: app.config.limits.max_buffered_bytes,
+                retry_after_secs,
+            },
+            crate::data_plane::share::Refusal::Share(share) => ProxyError::TenantBuffersFull {
+                share,
+                retry_after_secs,
+            },
+        }
+    })?;
     let body = read_body(limit, app.config.timeouts.body_read, &parts.headers, body).await?;
+    bytes.shrink_to(body.len());
+    parts.extensions.insert(HeldBytes {
+        _bytes: Arc::new(bytes),
+    });
     // What the engine gets is what the sidecar read: a body it cannot read is refused here.
     let json = crate::data_plane::agent_json::read(
         &parts.method,
@@ -826,11 +859,7 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
+    if declared_length(headers).is_some_and(|len| len > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
     match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
@@ -841,6 +870,15 @@ where
         }
         Ok(Err(e)) => Err(ProxyError::BodyRead(e)),
     }
+}
+
+/// The body length a request declares (`Content-Length`), saturated at `usize::MAX`.
+fn declared_length(headers: &http::HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|len| usize::try_from(len).unwrap_or(usize::MAX))
 }
 
 fn readiness(app: &App) -> Response<ProxyBody> {

@@ -45,6 +45,12 @@ pub struct Timeouts {
 pub struct Limits {
     /// Largest accepted request body; larger ones get 413.
     pub max_body_bytes: usize,
+    /// Bytes of request bodies held at once, as read (what a call declares, or
+    /// `max_body_bytes` while a body of unknown length arrives), until its upstream call ends;
+    /// each tenant draws on it like on `max_concurrent_requests`, and past it a call gets 503 (429
+    /// past the tenant's share) with `Retry-After`. The parsed and re-encoded forms of a body
+    /// take a few times its bytes: size this at a fraction of the memory the sidecar may use.
+    pub max_buffered_bytes: usize,
     /// Most JSON values (messages, content blocks, each key's value, each item) a request body
     /// may hold: what it expands to in memory is bounded, not only its bytes. More get 400.
     pub max_body_values: usize,
@@ -58,8 +64,8 @@ pub struct Limits {
     pub max_orphaned_calls: usize,
     /// Seconds sent in `Retry-After` when shedding load.
     pub retry_after_secs: u32,
-    /// The most of each bound every tenant draws on (`max_concurrent_requests`, orphans,
-    /// Claw-R1's open trajectories) one tenant may hold even alone, as a fraction; with others
+    /// The most of each bound every tenant draws on (`max_concurrent_requests`,
+    /// `max_buffered_bytes`, orphans, Claw-R1's open trajectories) one tenant may hold even alone, as a fraction; with others
     /// active its share shrinks to its part among them ([`crate::data_plane::share`]). Past it
     /// the tenant gets 429 while the others are served. 1 turns fair shares off; a sidecar with
     /// one tenant gives it the whole.
@@ -86,6 +92,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_body_bytes: 16 * 1024 * 1024,
+            max_buffered_bytes: 1 << 30,
             max_body_values: 1 << 18,
             max_concurrent_requests: 4096,
             max_orphaned_calls: 256,

@@ -33,6 +33,10 @@ pub enum ProxyError {
     SessionKeyEnded,
     #[error("this tenant is serving its share of {share} concurrent requests; retry shortly")]
     TenantOverloaded { share: usize, retry_after_secs: u32 },
+    #[error("the sidecar holds its limit of {limit} bytes of request bodies; retry shortly")]
+    BuffersFull { limit: usize, retry_after_secs: u32 },
+    #[error("this tenant holds its share of {share} bytes of request bodies; retry shortly")]
+    TenantBuffersFull { share: usize, retry_after_secs: u32 },
     #[error("no healthy upstream: all {count} are ejected after failures")]
     NoHealthyUpstream { count: usize },
     #[error("could not connect to any upstream (tried {tried})")]
@@ -110,8 +114,10 @@ impl ProxyError {
             | Self::ResponseNotFound { .. }
             | Self::StoredResponseNotFound { .. } => StatusCode::NOT_FOUND,
             Self::EngineControlRoute { .. } => StatusCode::FORBIDDEN,
-            Self::TenantOverloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Overloaded { .. } | Self::NoHealthyUpstream { .. } => {
+            Self::TenantOverloaded { .. } | Self::TenantBuffersFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            Self::Overloaded { .. } | Self::BuffersFull { .. } | Self::NoHealthyUpstream { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::ConnectFailed { .. } | Self::Upstream { .. } | Self::EncodedAnswer { .. } => {
@@ -142,8 +148,8 @@ impl ProxyError {
             | Self::NotForwarded(_)
             | Self::ResponseNotFound { .. }
             | Self::StoredResponseNotFound { .. } => "invalid_request_error",
-            Self::Overloaded { .. } => "overloaded_error",
-            Self::TenantOverloaded { .. } => "rate_limit_error",
+            Self::Overloaded { .. } | Self::BuffersFull { .. } => "overloaded_error",
+            Self::TenantOverloaded { .. } | Self::TenantBuffersFull { .. } => "rate_limit_error",
             _ => "upstream_error",
         }
     }
@@ -170,6 +176,8 @@ impl ProxyError {
             Self::StoredResponseNotFound { .. } => "response_not_found",
             Self::Overloaded { .. } => "overloaded",
             Self::TenantOverloaded { .. } => "tenant_overloaded",
+            Self::BuffersFull { .. } => "buffers_full",
+            Self::TenantBuffersFull { .. } => "tenant_buffers_full",
             Self::NoHealthyUpstream { .. } => "no_healthy_upstream",
             Self::ConnectFailed { .. } => "upstream_connect_failed",
             Self::FirstByteTimeout { .. } => "upstream_timeout",
@@ -188,6 +196,12 @@ impl ProxyError {
             retry_after_secs, ..
         }
         | Self::TenantOverloaded {
+            retry_after_secs, ..
+        }
+        | Self::BuffersFull {
+            retry_after_secs, ..
+        }
+        | Self::TenantBuffersFull {
             retry_after_secs, ..
         } = self
         {

@@ -63,34 +63,61 @@ impl Counts {
         (self.total / (active + 1)).clamp(1, self.cap)
     }
 
+    /// Units free in the whole.
+    pub fn free(&self) -> usize {
+        self.total.saturating_sub(self.in_use)
+    }
+
     /// Whether `tenant` may take one more unit now.
     pub fn may_take(&self, tenant: &TenantId) -> bool {
+        self.may_take_n(tenant, 1)
+    }
+
+    /// Whether `tenant` may take `n` more units now: a tenant holding nothing whenever they are
+    /// free; beyond, up to its share, leaving the next tenant to come its share free.
+    pub fn may_take_n(&self, tenant: &TenantId, n: usize) -> bool {
         let held = self.held(tenant);
-        let free = self.total.saturating_sub(self.in_use);
-        let share = self.share_of(tenant);
-        if free == 0 || held >= share {
+        let free = self.free();
+        if n > free {
             return false;
         }
-        // Beyond its first unit, a tenant leaves the next tenant to come its share.
-        !self.fair || held == 0 || free > share
+        if held == 0 && self.fair {
+            return true;
+        }
+        let share = self.share_of(tenant);
+        held + n <= share && (!self.fair || free - n >= share)
     }
 
     /// Takes one unit for `tenant`; `false` when it may not ([`Self::may_take`]).
     pub fn take(&mut self, tenant: &TenantId) -> bool {
-        if !self.may_take(tenant) {
+        self.take_n(tenant, 1)
+    }
+
+    /// Takes `n` units for `tenant`; `false` when it may not ([`Self::may_take_n`]).
+    pub fn take_n(&mut self, tenant: &TenantId, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        if !self.may_take_n(tenant, n) {
             return false;
         }
-        *self.held.entry(tenant.clone()).or_insert(0) += 1;
-        self.in_use += 1;
+        *self.held.entry(tenant.clone()).or_insert(0) += n;
+        self.in_use += n;
         true
     }
 
     /// Gives one unit of `tenant`'s back.
     pub fn give_back(&mut self, tenant: &TenantId) {
-        if let Some(n) = self.held.get_mut(tenant) {
-            *n -= 1;
-            self.in_use -= 1;
-            if *n == 0 {
+        self.give_back_n(tenant, 1);
+    }
+
+    /// Gives `n` units of `tenant`'s back.
+    pub fn give_back_n(&mut self, tenant: &TenantId, n: usize) {
+        if let Some(held) = self.held.get_mut(tenant) {
+            let n = n.min(*held);
+            *held -= n;
+            self.in_use -= n;
+            if *held == 0 {
                 self.held.remove(tenant);
             }
         }
@@ -133,23 +160,60 @@ impl Shares {
 
     /// One unit for `tenant`, or `None` when it holds its share.
     pub fn try_take(self: &Arc<Self>, tenant: &TenantId) -> Option<Share> {
-        self.counts().take(tenant).then(|| Share {
-            shares: Arc::clone(self),
-            tenant: tenant.clone(),
+        self.try_take_n(tenant, 1).ok()
+    }
+
+    /// `n` units for `tenant`, or why not: [`Refusal::Whole`] when the whole has not `n` free,
+    /// else [`Refusal::Share`].
+    pub fn try_take_n(self: &Arc<Self>, tenant: &TenantId, n: usize) -> Result<Share, Refusal> {
+        let mut counts = self.counts();
+        if counts.take_n(tenant, n) {
+            return Ok(Share {
+                shares: Arc::clone(self),
+                tenant: tenant.clone(),
+                units: n,
+            });
+        }
+        Err(match n > counts.free() {
+            true => Refusal::Whole,
+            false => Refusal::Share(counts.share_of(tenant)),
         })
     }
 }
 
-/// One unit of a tenant's share, given back on drop.
+/// Why units were not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The whole has not that many free.
+    Whole,
+    /// The tenant is at its share (what it may hold now).
+    Share(usize),
+}
+
+/// Units of a tenant's share, given back on drop.
 #[derive(Debug)]
 pub struct Share {
     shares: Arc<Shares>,
     tenant: TenantId,
+    units: usize,
+}
+
+impl Share {
+    /// Gives back all but `units` of what this holds (a reservation larger than what it was
+    /// for).
+    pub fn shrink_to(&mut self, units: usize) {
+        if units < self.units {
+            self.shares
+                .counts()
+                .give_back_n(&self.tenant, self.units - units);
+            self.units = units;
+        }
+    }
 }
 
 impl Drop for Share {
     fn drop(&mut self) {
-        self.shares.counts().give_back(&self.tenant);
+        self.shares.counts().give_back_n(&self.tenant, self.units);
     }
 }
 
@@ -241,6 +305,35 @@ mod tests {
             counts.give_back(&eve);
         }
         assert_eq!(take_all(&mut counts, &eve), 64 / 12);
+    }
+
+    #[test]
+    fn bytes_are_shared_like_calls_and_a_first_body_needs_only_room() {
+        // 4 MiB of bodies, uploads of 256 KiB each, in the order of the colluding test.
+        let (whole, body) = (4 << 20, 256 << 10);
+        let shares = Shares::new(whole, 0.5, true);
+        let mut held = Vec::new();
+        let mut counts = Vec::new();
+        for name in ["eve", "mallory", "default"] {
+            let mut n = 0;
+            while let Ok(share) = shares.try_take_n(&tenant(name), body) {
+                held.push(share);
+                n += 1;
+            }
+            counts.push(n);
+        }
+        assert_eq!(counts, [8, 2, 2]);
+        // A quarter of the whole is left: a newcomer's first body fits whatever its share.
+        let mut honest = shares.try_take_n(&tenant("honest"), 1 << 20).unwrap();
+        assert_eq!(
+            shares.try_take_n(&tenant("late"), 1).unwrap_err(),
+            Refusal::Whole
+        );
+        honest.shrink_to(1000);
+        assert!(shares.try_take_n(&tenant("late"), 1000).is_ok());
+        drop(held);
+        drop(honest);
+        assert_eq!(shares.counts().in_use, 0);
     }
 
     #[test]

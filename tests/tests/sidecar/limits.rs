@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawback_sidecar::data_plane::share::Shares;
 use clawback_tests::harness::{test_config, Sidecar};
 use clawback_tests::mock::{Behaviour, Hold, MockUpstream};
 use serde_json::{json, Value};
@@ -316,33 +317,37 @@ async fn control_routes_refuse_before_reading_a_body_and_take_small_ones_only() 
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
 
-/// Opens slow uploads as `key` (a few bytes of a large body, then nothing) until the sidecar
-/// refuses one; returns the ones it holds. Each upload is known held when the tenant's count of
-/// calls in flight went up, refused when its 429 arrived: no wait depends on the host's speed.
-async fn slow_uploads_until_refused(sidecar: &Sidecar, key: &str, tenant: &str) -> Vec<TcpStream> {
+/// `key`'s slow uploads (a head declaring a body of `length` bytes, and a few bytes of it), one
+/// after another, until the sidecar refuses one; the uploads it holds and the refusal. Each
+/// upload is known held when `tenant`'s count in `shares` went up, refused when its answer
+/// arrived: no wait depends on the host's speed.
+async fn slow_uploads_until_refused(
+    sidecar: &Sidecar,
+    shares: &Shares,
+    (key, tenant): (&str, &str),
+    length: usize,
+) -> (Vec<TcpStream>, String) {
     let tenant = clawback_datapool::TenantId::new(tenant).expect("a tenant");
-    let calls = &sidecar.app.calls;
     let mut held = Vec::new();
     loop {
-        let before = calls.held(&tenant);
+        let before = shares.held(&tenant);
         let mut stream = TcpStream::connect(sidecar.addr).await.unwrap();
         let head = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
-             content-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"model\":"
+             content-type: application/json\r\ncontent-length: {length}\r\n\r\n{{\"model\":"
         );
         stream.write_all(head.as_bytes()).await.unwrap();
         let mut answer = vec![0u8; 4096];
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if calls.held(&tenant) > before {
+            if shares.held(&tenant) > before {
                 held.push(stream);
                 break;
             }
             match tokio::time::timeout(Duration::from_millis(20), stream.read(&mut answer)).await {
                 Ok(read) => {
                     let answer = String::from_utf8_lossy(&answer[..read.unwrap()]).into_owned();
-                    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
-                    return held;
+                    return (held, answer);
                 }
                 Err(_) => assert!(tokio::time::Instant::now() < deadline, "no answer"),
             }
@@ -432,7 +437,10 @@ async fn two_colluding_tenants_and_the_default_tenant_leave_eight_honest_tenants
         ("sk-mallory", "mallory"),
         ("sk-junk-1", "default"),
     ] {
-        attack.push(slow_uploads_until_refused(&sidecar, key, tenant).await);
+        let (uploads, refusal) =
+            slow_uploads_until_refused(&sidecar, &sidecar.app.calls, (key, tenant), 100_000).await;
+        assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
+        attack.push(uploads);
     }
     let held: Vec<usize> = attack.iter().map(Vec::len).collect();
     assert_eq!(held, [32, 11, 5]);
@@ -488,4 +496,80 @@ async fn two_colluding_tenants_and_the_default_tenant_leave_eight_honest_tenants
         assert_eq!(call.await.unwrap().unwrap(), 200);
     }
     drop(attack);
+}
+
+/// Bodies are shared by their bytes as calls are by their count: two colluding keys and the
+/// default tenant, declaring large bodies they never finish, hold 2 MiB, ½ MiB and ½ MiB of a
+/// 4 MiB budget (taken before the body is read, by what the head declares) and get 429 past
+/// it; four honest tenants are all served in what is left, and a body larger than what is left
+/// gets 503 while the others go on.
+#[tokio::test]
+async fn colluding_tenants_declaring_large_bodies_hold_only_their_share_of_the_bytes() {
+    const QUARTER_MIB: usize = 256 << 10;
+    let engine = MockUpstream::start().await;
+    let honest: Vec<String> = (0..4).map(|i| format!("sk-honest-{i}")).collect();
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_body_bytes = 1 << 20;
+    config.limits.max_buffered_bytes = 4 << 20;
+    let keys = [
+        ("sk-eve", "eve".to_owned()),
+        ("sk-mallory", "mallory".to_owned()),
+    ]
+    .into_iter()
+    .chain(
+        honest
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), format!("honest-{i}"))),
+    );
+    for (key, tenant) in keys {
+        config
+            .tenants
+            .keys
+            .insert(clawback_sidecar::data_plane::tenant::key_hash(key), tenant);
+    }
+    let sidecar = Sidecar::start(config).await;
+
+    let bytes = &sidecar.app.bytes;
+    let mut attack = Vec::new();
+    for attacker in [
+        ("sk-eve", "eve"),
+        ("sk-mallory", "mallory"),
+        ("sk-junk", "default"),
+    ] {
+        let (uploads, refusal) =
+            slow_uploads_until_refused(&sidecar, bytes, attacker, QUARTER_MIB).await;
+        assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
+        assert!(refusal.contains("retry-after: 1"), "{refusal}");
+        assert!(
+            refusal.contains("\"code\":\"tenant_buffers_full\""),
+            "{refusal}"
+        );
+        attack.push(uploads);
+    }
+    let held: Vec<usize> = attack.iter().map(Vec::len).collect();
+    assert_eq!(held, [8, 2, 2]);
+
+    let (statuses, _) = honest_load(&sidecar, &honest, 5).await;
+    assert_eq!(statuses.len(), 20);
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+
+    // One honest upload in flight leaves ¾ MiB: a body declaring 1 MiB does not fit the whole.
+    let (upload, refusal) =
+        slow_uploads_until_refused(&sidecar, bytes, ("sk-honest-0", "honest-0"), QUARTER_MIB).await;
+    assert_eq!(upload.len(), 1, "{refusal}");
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\
+                authorization: Bearer sk-honest-1\r\ncontent-type: application/json\r\n\
+                content-length: 1048576\r\n\r\n";
+    let mut stream = TcpStream::connect(sidecar.addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let read = stream.read(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("\"code\":\"buffers_full\""), "{answer}");
+    let (statuses, _) = honest_load(&sidecar, &honest[1..], 2).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    drop((attack, upload));
 }
