@@ -61,6 +61,7 @@ use crate::data_plane::recorder::{request, Pending, Recorder};
 use crate::data_plane::route::{Endpoint, Route, SessionId};
 use crate::data_plane::server::{self, Port, Serving};
 use crate::data_plane::session::explicit::Hints;
+use crate::data_plane::share::{Refusal, Share};
 use crate::data_plane::tenant::{TenantResolver, Unresolved};
 use crate::data_plane::upstream::{Pool, UpstreamUrlError};
 use clawback_datapool::TenantId;
@@ -86,6 +87,8 @@ pub struct App {
     pub calls: Arc<crate::data_plane::share::Shares>,
     /// Each tenant's share of `limits.max_buffered_bytes`: the bytes of request bodies held.
     pub bytes: Arc<crate::data_plane::share::Shares>,
+    /// Agent connections held at once (`limits.max_connections`, lowered to fit `ulimit -n`).
+    pub connections: usize,
     /// The filter plugins scoring recorded steps; `None` without `filters.dir`.
     pub filters: Option<Arc<clawback_filters::Filters>>,
     /// Forwarding and relay tasks; shutdown waits for them.
@@ -188,8 +191,12 @@ impl App {
             }
             None => None,
         };
+        // A tenant's calls in flight bound the agent connections it holds busy (one call each
+        // over HTTP/1.1): shared out of no more than the connections there are, a tenant's
+        // slow calls cannot hold them all when `ulimit -n` lowered the cap.
+        let connections = server::connection_cap(config.limits.max_connections);
         let calls = crate::data_plane::share::Shares::new(
-            config.limits.max_concurrent_requests,
+            config.limits.max_concurrent_requests.min(connections),
             fraction,
             fair,
         );
@@ -217,6 +224,7 @@ impl App {
             control,
             calls,
             bytes,
+            connections,
             filters,
             tasks,
             background,
@@ -270,7 +278,7 @@ pub async fn serve_on(
 ) {
     let serving = Serving {
         timeouts: &app.config.timeouts,
-        limits: &app.config.limits,
+        connections: app.connections,
         metrics: Arc::clone(&app.metrics),
         tasks: &app.tasks,
     };
@@ -406,6 +414,16 @@ where
                 Ok(scope) => scope,
                 Err(refused) => return refused.into_response(),
             };
+            // A tenant token's uploads hold its tenant's shares, as its agents' calls do.
+            let _held = match &scope {
+                control_plane::handshake::auth::Scope::Tenant(tenant) => {
+                    match take_control(&app, tenant, &parts.headers) {
+                        Ok(held) => Some(held),
+                        Err(refused) => return refused.into_response(),
+                    }
+                }
+                control_plane::handshake::auth::Scope::All => None,
+            };
             match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
                 Ok(body) => {
                     control_plane::handshake::handle(control, &scope, route, &parts, body).await
@@ -419,12 +437,30 @@ where
                 Err(refusal) => return refusal,
             };
             let (parts, body) = request.into_parts();
+            let _held = match take_control(&app, &tenant, &parts.headers) {
+                Ok(held) => held,
+                Err(refused) => return refused.into_response(),
+            };
             match read_body(CONTROL_BODY_LIMIT, timeout, &parts.headers, body).await {
                 Ok(body) => claw_r1::control(control, tenant, route, &parts, body).await,
                 Err(e) => e.into_response(),
             }
         }
     }
+}
+
+/// What a control call of `tenant` holds while its body is read and answered: a unit of the
+/// tenant's share of the calls in flight and its bytes, so its slow uploads hold its own share
+/// only, not every connection.
+fn take_control(
+    app: &App,
+    tenant: &TenantId,
+    headers: &http::HeaderMap,
+) -> Result<(Share, Share), ProxyError> {
+    Ok((
+        take_call(app, tenant)?,
+        take_bytes(app, tenant, headers, CONTROL_BODY_LIMIT)?,
+    ))
 }
 
 /// The tenant a Claw-R1 call acts for; refused when `claw_r1.enabled` is off, before its key is
@@ -487,13 +523,7 @@ where
     // The tenant's share of the calls in flight, taken before its body is read: a tenant's slow
     // uploads hold its own share only. Held, like the whole's permit, by the forwarding task
     // until the upstream call ends and by the answer until the client has it.
-    let share = app
-        .calls
-        .try_take(&tenant)
-        .ok_or(ProxyError::TenantOverloaded {
-            share: app.calls.share_of(&tenant),
-            retry_after_secs: app.config.limits.retry_after_secs,
-        })?;
+    let share = take_call(&app, &tenant)?;
     let share = HeldShare {
         _share: Arc::new(share),
     };
@@ -506,17 +536,52 @@ where
     Ok(response)
 }
 
+/// A unit of `tenant`'s share of the calls in flight; 429 past it.
+fn take_call(app: &App, tenant: &TenantId) -> Result<Share, ProxyError> {
+    app.calls
+        .try_take(tenant)
+        .ok_or(ProxyError::TenantOverloaded {
+            share: app.calls.share_of(tenant),
+            retry_after_secs: app.config.limits.retry_after_secs,
+        })
+}
+
+/// `tenant`'s share of the buffered bodies' bytes for a body of at most `limit` bytes, taken
+/// before it is read: what `headers` declare, or `limit` while a body of unknown length
+/// arrives. 429 past the tenant's share, 503 past the whole.
+fn take_bytes(
+    app: &App,
+    tenant: &TenantId,
+    headers: &http::HeaderMap,
+    limit: usize,
+) -> Result<Share, ProxyError> {
+    let reserved = declared_length(headers).map_or(limit, |len| len.min(limit));
+    let retry_after_secs = app.config.limits.retry_after_secs;
+    app.bytes
+        .try_take_n(tenant, reserved)
+        .map_err(|refusal| match refusal {
+            Refusal::Whole => ProxyError::BuffersFull {
+                limit: app.config.limits.max_buffered_bytes,
+                retry_after_secs,
+            },
+            Refusal::Share(share) => ProxyError::TenantBuffersFull {
+                share,
+                retry_after_secs,
+            },
+        })
+}
+
 /// A call's bytes of its tenant's share of the buffered bodies, in the request's extensions
 /// (which the forwarding task holds until the upstream call ends).
 #[derive(Clone)]
 struct HeldBytes {
-    _bytes: Arc<crate::data_plane::share::Share>,
+    _bytes: Arc<Share>,
 }
 
 /// A call's unit of its tenant's share, in the request's extensions and on its answer.
 #[derive(Clone)]
 struct HeldShare {
-    _share: Arc<crate::data_plane::share::Share>,
+    _share: Arc<Share>,
 }
 
 /// Reads, checks, routes and forwards one call of `tenant`.
@@ -534,23 +599,8 @@ where
     B::Error: Into<BoxError>,
 {
     let limit = app.config.limits.max_body_bytes;
-    // The tenant's share of the bytes of bodies buffered at once, taken before the body is
-    // read (what it declares, or the limit while a body of unknown length arrives) and held,
-    // with the bytes, until the upstream call ends.
-    let reserved = declared_length(&parts.headers).map_or(limit, |len| len.min(limit));
-    let mut bytes = app.bytes.try_take_n(&tenant, reserved).map_err(|refusal| {
-        let retry_after_secs = app.config.limits.retry_after_secs;
-        match refusal {
-            crate::data_plane::share::Refusal::Whole => ProxyError::BuffersFull {
-                limit: app.config.limits.max_buffered_bytes,
-                retry_after_secs,
-            },
-            crate::data_plane::share::Refusal::Share(share) => ProxyError::TenantBuffersFull {
-                share,
-                retry_after_secs,
-            },
-        }
-    })?;
+    // Held, with the body, until the upstream call ends.
+    let mut bytes = take_bytes(&app, &tenant, &parts.headers, limit)?;
     let body = read_body(limit, app.config.timeouts.body_read, &parts.headers, body).await?;
     bytes.shrink_to(body.len());
     parts.extensions.insert(HeldBytes {

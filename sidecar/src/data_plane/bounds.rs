@@ -57,7 +57,9 @@ pub struct Limits {
     /// Requests served at once — orphans (calls whose client left while their upstream answer
     /// is still read, so it is recorded) included; the next one gets 503 with `Retry-After`.
     pub max_concurrent_requests: usize,
-    /// Client connections open at once (lowered to fit the descriptor limit, `ulimit -n`).
+    /// Agent connections open at once (lowered to fit the descriptor limit, `ulimit -n`); the
+    /// admin port (`admin.listen`) has a pool of its own. Tenants' calls are shared out of no
+    /// more than this many, so slow calls hold their tenant's share of the connections only.
     pub max_connections: usize,
     /// Orphans at once; a call whose client leaves beyond this has its upstream call cut off
     /// (and is not recorded).

@@ -30,21 +30,27 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::data_plane::body::ProxyBody;
-use crate::data_plane::bounds::{Limits, Timeouts};
+use crate::data_plane::bounds::Timeouts;
 use crate::data_plane::layers::ResponseFuture;
 use crate::data_plane::metrics::Metrics;
 
 /// Descriptors kept free of agent connections: upstream connections, the store, plugins, logs.
 const RESERVED_DESCRIPTORS: u64 = 64;
 
-/// Connections held open at once; past this the accept loop waits for one to close. At most
-/// `limits.max_connections`, and never more than the descriptor limit leaves room for (else
-/// `accept` fails with EMFILE and nothing, `/healthz` included, is answered).
-fn connection_cap(configured: usize) -> usize {
+/// Connections the admin port (`admin.listen`) holds at once: a pool of its own, so agents
+/// holding every agent connection cannot lock operators and scrapers out.
+pub const ADMIN_CONNECTIONS: usize = 64;
+
+/// Agent connections held open at once; past this the accept loop waits for one to close. At
+/// most `limits.max_connections`, and never more than the descriptor limit leaves room for
+/// beside the admin pool (else `accept` fails with EMFILE and nothing, `/healthz` included, is
+/// answered).
+pub fn connection_cap(configured: usize) -> usize {
     let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(u64::MAX);
-    let room = descriptors.saturating_sub(RESERVED_DESCRIPTORS).max(1) / 2 + 1;
+    let reserved = RESERVED_DESCRIPTORS + ADMIN_CONNECTIONS as u64;
+    let room = descriptors.saturating_sub(reserved).max(1) / 2 + 1;
     let cap = configured.min(usize::try_from(room).unwrap_or(usize::MAX));
     if cap < configured {
         tracing::warn!(
@@ -109,7 +115,8 @@ impl<S> Stack for S where
 /// What the listener is bounded by, and the tasks it waits for when it drains.
 pub struct Serving<'a> {
     pub timeouts: &'a Timeouts,
-    pub limits: &'a Limits,
+    /// Agent connections held at once ([`connection_cap`]).
+    pub connections: usize,
     pub metrics: Arc<Metrics>,
     /// Forwarding tasks whose client may have left: their completion is what gets recorded.
     pub tasks: &'a TaskTracker,
@@ -125,7 +132,7 @@ pub async fn serve_on<S: Stack>(
 ) {
     let Serving {
         timeouts,
-        limits,
+        connections,
         metrics,
         tasks,
     } = serving;
@@ -143,8 +150,8 @@ pub async fn serve_on<S: Stack>(
         stack,
         builder,
         graceful: GracefulShutdown::new(),
-        permits: Arc::new(Semaphore::new(connection_cap(limits.max_connections))),
-        open: Arc::default(),
+        agent: Connections::new(connections),
+        admin: Connections::new(ADMIN_CONNECTIONS),
         metrics,
         header_read: timeouts.header_read,
         idle: timeouts.idle_connection,
@@ -385,13 +392,29 @@ impl Open {
     }
 }
 
+/// The connections of one port's pool: its permits and the watchdogs of those open.
+struct Connections {
+    permits: Arc<Semaphore>,
+    open: Arc<Open>,
+}
+
+impl Connections {
+    fn new(cap: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(cap)),
+            open: Arc::default(),
+        }
+    }
+}
+
 /// What the accept loops of all listeners share.
 struct Accepting<S> {
     stack: S,
     builder: auto::Builder<TokioExecutor>,
     graceful: GracefulShutdown,
-    permits: Arc<Semaphore>,
-    open: Arc<Open>,
+    /// The agent port's connections, and the admin port's apart.
+    agent: Connections,
+    admin: Connections,
     metrics: Arc<Metrics>,
     header_read: Duration,
     idle: Duration,
@@ -401,20 +424,12 @@ struct Accepting<S> {
 impl<S: Stack> Accepting<S> {
     /// Accepts on `listener` until the stop signal, each connection with its watchdog.
     async fn accept_loop(&self, listener: TcpListener, port: Port) {
+        let Connections { permits, open } = match port {
+            Port::Agent => &self.agent,
+            Port::Admin => &self.admin,
+        };
         loop {
-            // At the cap an idle connection (one that sent nothing yet, or sits between
-            // keep-alive requests) makes room: sockets opened and left idle cannot lock
-            // everyone else out, health checks included, until `header_read` runs out.
-            if self.permits.available_permits() == 0 && self.open.reclaim_idlest() {
-                self.metrics.connections_reclaimed.inc();
-            }
-            let permit = tokio::select! {
-                permit = Arc::clone(&self.permits).acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-                () = self.stop.cancelled() => break,
-            };
+            let free = Arc::clone(permits).try_acquire_owned().ok();
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(accepted) => accepted,
@@ -426,6 +441,25 @@ impl<S: Stack> Accepting<S> {
                     }
                 },
                 () = self.stop.cancelled() => break,
+            };
+            let permit = match free {
+                Some(permit) => permit,
+                None => {
+                    // At the cap, with a connection waiting, an idle one (that sent nothing
+                    // yet, or sits between keep-alive requests) makes room: sockets opened and
+                    // left idle cannot lock everyone else out, health checks included, until
+                    // `header_read` runs out. None is closed while nobody waits.
+                    if open.reclaim_idlest() {
+                        self.metrics.connections_reclaimed.inc();
+                    }
+                    tokio::select! {
+                        permit = Arc::clone(permits).acquire_owned() => match permit {
+                            Ok(permit) => permit,
+                            Err(_) => break,
+                        },
+                        () = self.stop.cancelled() => break,
+                    }
+                }
             };
             let _ = stream.set_nodelay(true);
             let watchdog = Watchdog::new(self.header_read, self.idle);
@@ -439,7 +473,7 @@ impl<S: Stack> Accepting<S> {
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();
             let connection = self.graceful.watch(connection);
-            let open = Arc::clone(&self.open);
+            let open = Arc::clone(open);
             let id = open.add(&watchdog);
             tokio::spawn(async move {
                 tokio::select! {

@@ -11,6 +11,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+const CHAT: &str = "/v1/chat/completions";
+
 use crate::support::{assert_openai_error, chat_request, client, eventually, post_chat, sse_data};
 
 #[tokio::test]
@@ -317,26 +319,33 @@ async fn control_routes_refuse_before_reading_a_body_and_take_small_ones_only() 
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
 
-/// `key`'s slow uploads (a head declaring a body of `length` bytes, and a few bytes of it), one
-/// after another, until the sidecar refuses one; the uploads it holds and the refusal. Each
+/// The head of `key`'s upload to `path` of a body of `length` bytes, and its first few bytes.
+fn upload_head(path: &str, key: &str, length: usize) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {length}\r\n\r\n{{\"model\":"
+    )
+}
+
+/// `key`'s slow uploads to `path` (a head declaring a body of `length` bytes, and a few bytes of
+/// it), one after another, until the sidecar refuses one; the uploads it holds and the refusal. Each
 /// upload is known held when `tenant`'s count in `shares` went up, refused when its answer
 /// arrived: no wait depends on the host's speed.
 async fn slow_uploads_until_refused(
-    sidecar: &Sidecar,
+    addr: std::net::SocketAddr,
     shares: &Shares,
     (key, tenant): (&str, &str),
-    length: usize,
+    (path, length): (&str, usize),
 ) -> (Vec<TcpStream>, String) {
     let tenant = clawback_datapool::TenantId::new(tenant).expect("a tenant");
     let mut held = Vec::new();
     loop {
         let before = shares.held(&tenant);
-        let mut stream = TcpStream::connect(sidecar.addr).await.unwrap();
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
-             content-type: application/json\r\ncontent-length: {length}\r\n\r\n{{\"model\":"
-        );
-        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(upload_head(path, key, length).as_bytes())
+            .await
+            .unwrap();
         let mut answer = vec![0u8; 4096];
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
@@ -437,8 +446,13 @@ async fn two_colluding_tenants_and_the_default_tenant_leave_eight_honest_tenants
         ("sk-mallory", "mallory"),
         ("sk-junk-1", "default"),
     ] {
-        let (uploads, refusal) =
-            slow_uploads_until_refused(&sidecar, &sidecar.app.calls, (key, tenant), 100_000).await;
+        let (uploads, refusal) = slow_uploads_until_refused(
+            sidecar.addr,
+            &sidecar.app.calls,
+            (key, tenant),
+            (CHAT, 100_000),
+        )
+        .await;
         assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
         attack.push(uploads);
     }
@@ -538,7 +552,7 @@ async fn colluding_tenants_declaring_large_bodies_hold_only_their_share_of_the_b
         ("sk-junk", "default"),
     ] {
         let (uploads, refusal) =
-            slow_uploads_until_refused(&sidecar, bytes, attacker, QUARTER_MIB).await;
+            slow_uploads_until_refused(sidecar.addr, bytes, attacker, (CHAT, QUARTER_MIB)).await;
         assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
         assert!(refusal.contains("retry-after: 1"), "{refusal}");
         assert!(
@@ -555,8 +569,13 @@ async fn colluding_tenants_declaring_large_bodies_hold_only_their_share_of_the_b
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
 
     // One honest upload in flight leaves ¾ MiB: a body declaring 1 MiB does not fit the whole.
-    let (upload, refusal) =
-        slow_uploads_until_refused(&sidecar, bytes, ("sk-honest-0", "honest-0"), QUARTER_MIB).await;
+    let (upload, refusal) = slow_uploads_until_refused(
+        sidecar.addr,
+        bytes,
+        ("sk-honest-0", "honest-0"),
+        (CHAT, QUARTER_MIB),
+    )
+    .await;
     assert_eq!(upload.len(), 1, "{refusal}");
     let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\
                 authorization: Bearer sk-honest-1\r\ncontent-type: application/json\r\n\
@@ -572,4 +591,120 @@ async fn colluding_tenants_declaring_large_bodies_hold_only_their_share_of_the_b
     let (statuses, _) = honest_load(&sidecar, &honest[1..], 2).await;
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
     drop((attack, upload));
+}
+
+/// Control routes' uploads hold their tenant's shares as calls do, and the admin port has its
+/// own connections: a tenant's slow Claw-R1 uploads (any key, the default tenant's too) and its
+/// viewer token's uploads stop at its share of the 8 agent connections, the honest tenants are
+/// served in the rest, and with every agent connection busy the admin port still answers.
+#[tokio::test]
+async fn slow_control_uploads_hold_their_tenants_share_and_the_admin_port_has_its_own_connections()
+{
+    const INIT: &str = "/init_trajectory";
+    let engine = MockUpstream::start().await;
+    let mut config = test_config(&[engine.url()]);
+    config.limits.max_connections = 8;
+    config.claw_r1.enabled = true;
+    config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    config.admin.token = Some("admin-secret".to_owned());
+    let hash = clawback_sidecar::data_plane::tenant::key_hash;
+    config
+        .admin
+        .tenant_tokens
+        .insert(hash("eve-viewer"), "eve".to_owned());
+    for (key, tenant) in [
+        ("sk-eve", "eve"),
+        ("sk-honest-0", "honest-0"),
+        ("sk-honest-1", "honest-1"),
+    ] {
+        config.tenants.keys.insert(hash(key), tenant.to_owned());
+    }
+    let sidecar = Sidecar::start(config).await;
+    let calls = &sidecar.app.calls;
+
+    let mut attack = Vec::new();
+    for attacker in [("sk-eve", "eve"), ("sk-junk", "default")] {
+        let (uploads, refusal) =
+            slow_uploads_until_refused(sidecar.addr, calls, attacker, (INIT, 100_000)).await;
+        assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
+        assert!(
+            refusal.contains("\"code\":\"tenant_overloaded\""),
+            "{refusal}"
+        );
+        attack.push(uploads);
+    }
+    let held: Vec<usize> = attack.iter().map(Vec::len).collect();
+    assert_eq!(held, [4, 2]);
+    // Eve's viewer token is eve: its upload is refused as it is announced.
+    let admin = sidecar.admin_addr.expect("an admin listener");
+    let (uploads, refusal) = slow_uploads_until_refused(
+        admin,
+        calls,
+        ("eve-viewer", "eve"),
+        (
+            "/trajectories/00000000-0000-0000-0000-000000000000/feedback",
+            1000,
+        ),
+    )
+    .await;
+    assert!(
+        uploads.is_empty() && refusal.starts_with("HTTP/1.1 429"),
+        "{refusal}"
+    );
+
+    // One client, its kept-alive connections: at the cap, a new connection closes the idlest
+    // one, which may be another client's that has not sent its request yet.
+    let honest = ["sk-honest-0", "sk-honest-1"];
+    let one = client();
+    for key in honest.iter().cycle().take(10) {
+        let answer = one
+            .post(sidecar.url(CHAT))
+            .bearer_auth(key)
+            .json(&chat_request(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{key}");
+        answer.bytes().await.unwrap();
+    }
+
+    // An upload of each honest tenant takes the last two agent connections, one after the other
+    // (at the cap, a connection that has sent no request yet is the idlest, and is closed).
+    drop(one);
+    let honest = [("sk-honest-0", "honest-0"), ("sk-honest-1", "honest-1")].map(|(key, tenant)| {
+        (
+            key,
+            clawback_datapool::TenantId::new(tenant).expect("tenant"),
+        )
+    });
+    // A call's unit comes back a moment after its answer, once its upstream call has ended.
+    let ended = eventually(Duration::from_secs(30), || {
+        honest.iter().all(|(_, tenant)| calls.held(tenant) == 0)
+    });
+    assert!(ended.await);
+    let mut last = Vec::new();
+    for (key, tenant) in &honest {
+        let mut stream = TcpStream::connect(sidecar.addr).await.unwrap();
+        stream
+            .write_all(upload_head(CHAT, key, 100_000).as_bytes())
+            .await
+            .unwrap();
+        last.push(stream);
+        let held = eventually(Duration::from_secs(30), || calls.held(tenant) == 1).await;
+        assert!(held, "{tenant}");
+    }
+    let metrics = client()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 200);
+    let tenants = client()
+        .get(format!("http://{admin}/tenants"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tenants.status(), 200);
+    drop((attack, last));
 }
