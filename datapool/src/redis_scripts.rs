@@ -139,6 +139,25 @@ return {tonumber(u[1]) or 0, tonumber(u[2]) or 0}
     )
 });
 
+/// Writes a field a trajectory's bytes count (its header, a step's next state) and counts the
+/// change in its length against the trajectory and the tenant.
+/// KEYS: the hash holding the field, the trajectory hash, the tenant's usage hash.
+/// ARGV: field, value. Returns the tenant's `{steps, bytes}` after.
+pub(crate) static PUT_COUNTED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local delta = #ARGV[2] - redis.call('HSTRLEN', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if delta ~= 0 then
+  redis.call('HINCRBY', KEYS[2], 'bytes', delta)
+  redis.call('HINCRBY', KEYS[3], 'bytes', delta)
+end
+local u = redis.call('HMGET', KEYS[3], 'steps', 'bytes')
+return {tonumber(u[1]) or 0, tonumber(u[2]) or 0}
+"#,
+    )
+});
+
 /// Makes a policy live unless a newer one already is, and publishes the switch.
 /// KEYS: policy hash. ARGV: version, policy JSON, notification channel.
 /// Returns -2 when it switched, -1 when that version was already live, else the newer live version.

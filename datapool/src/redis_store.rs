@@ -6,7 +6,8 @@
 //! A tenant's data is bounded three ways ([`Caps`]):
 //! - each trajectory's step stream is written with `XADD ... MAXLEN ~ max_steps_per_trajectory`,
 //!   so a runaway session cannot grow without bound (Redis trims its oldest steps);
-//! - the tenant's total steps and step bytes (the serialized step JSON) are counted in
+//! - the tenant's total steps and bytes (each step's stored JSON, each trajectory's header with
+//!   the agent's `metadata`, each next state and each evaluation) are counted in
 //!   `clawback:{t}:usage`; when a batch takes either over its cap, whole trajectories are deleted,
 //!   oldest first, until the tenant is back under 90% of both caps. Whole trajectories, because
 //!   half a trajectory is no use to the trainer; 90%, so a tenant at its cap does not trim on
@@ -34,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::keys;
 use crate::redis_scripts::{
-    COMPLETE, DEAD_LETTER, EXPIRE_GROUP, SETTLE_PENDING, SET_POLICY, TRIM_TRAJECTORY,
+    COMPLETE, DEAD_LETTER, EXPIRE_GROUP, PUT_COUNTED, SETTLE_PENDING, SET_POLICY, TRIM_TRAJECTORY,
 };
 use crate::schema::{
     check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
@@ -89,8 +90,9 @@ pub struct Caps {
     pub max_steps_per_trajectory: u64,
     /// Total steps a tenant keeps before its oldest trajectories are deleted.
     pub max_steps_per_tenant: u64,
-    /// Total step bytes a tenant keeps before its oldest trajectories are deleted: the bytes as
-    /// stored, token ids and logprobs packed (schema version 2): a completion's logprobs take
+    /// Total bytes a tenant keeps before its oldest trajectories are deleted: its steps,
+    /// headers (the agent's `metadata` included), next states and evaluations as stored, token
+    /// ids and logprobs packed (schema version 2): a completion's logprobs take
     /// about a quarter of their plain JSON's bytes, token ids about nine tenths, so a cap holds
     /// more steps than it did with version 1's arrays.
     pub max_bytes_per_tenant: u64,
@@ -259,13 +261,37 @@ impl RedisStore {
                 self.settle_pending(tenant, traj, group, false).await?;
             }
         }
-        if let Err(e) = self
-            .tenant_usage_over_cap(tenant, steps_now, bytes_now)
-            .await
-        {
-            warn!(%tenant, error = %e, "the tenant's caps could not be enforced now; the next append tries again");
-        }
+        self.enforce_caps(tenant, (steps_now, bytes_now)).await;
         Ok(())
+    }
+
+    /// Trims `tenant` back under its caps if its `(steps, bytes)` are over them. The write that
+    /// counted them is done: a failure here is logged, and the next write trims again.
+    async fn enforce_caps(&self, tenant: &TenantId, (steps, bytes): (i64, i64)) {
+        if let Err(e) = self.tenant_usage_over_cap(tenant, steps, bytes).await {
+            warn!(%tenant, error = %e, "the tenant's caps could not be enforced now; the next write tries again");
+        }
+    }
+
+    /// Writes `field` of the hash `key` (`trajectory`'s header or one of its next states) and
+    /// counts the change in its bytes against the trajectory and `tenant`; the tenant's
+    /// `(steps, bytes)` after.
+    async fn put_counted(
+        &self,
+        tenant: &TenantId,
+        trajectory: &TrajectoryId,
+        key: &str,
+        field: &str,
+        value: String,
+    ) -> Result<(i64, i64)> {
+        Ok(PUT_COUNTED
+            .key(key)
+            .key(keys::trajectory(tenant, trajectory))
+            .key(keys::usage(tenant))
+            .arg(field)
+            .arg(value)
+            .invoke_async(&mut self.conn())
+            .await?)
     }
 
     /// Enqueues `traj`'s pending completion if what it waits for arrived (`overdue`: if its
@@ -490,8 +516,12 @@ impl Store for RedisStore {
     async fn upsert_trajectory(&self, t: &Trajectory) -> Result<()> {
         let tenant = &t.tenant;
         let key = keys::trajectory(tenant, &t.id);
+        // The header first, counted (the agent's metadata can be as large as a request): the
+        // trajectory is in the index, where trimming finds it, only once it is counted.
+        let usage = self
+            .put_counted(tenant, &t.id, &key, "json", encode("trajectory", t)?)
+            .await?;
         let mut pipe = redis::pipe();
-        pipe.hset(&key, "json", encode("trajectory", t)?).ignore();
         pipe.hset_nx(&key, "status", TrajectoryStatus::Open.as_str())
             .ignore();
         pipe.zadd_nx_member(keys::trajectories(tenant), t.id.to_string());
@@ -522,6 +552,7 @@ impl Store for RedisStore {
             self.settle_pending(tenant, &t.id, t.group.map(|g| g.id), false)
                 .await?;
         }
+        self.enforce_caps(tenant, usage).await;
         self.register_tenant(tenant).await
     }
 
@@ -540,29 +571,45 @@ impl Store for RedisStore {
         step: &StepId,
         next_state: &NextState,
     ) -> Result<()> {
-        let _: i64 = redis::cmd("HSET")
-            .arg(keys::next_states(tenant, trajectory))
-            .arg(step.to_string())
-            .arg(encode("next state", next_state)?)
-            .query_async(&mut self.conn())
+        let usage = self
+            .put_counted(
+                tenant,
+                trajectory,
+                &keys::next_states(tenant, trajectory),
+                &step.to_string(),
+                encode("next state", next_state)?,
+            )
             .await?;
+        self.enforce_caps(tenant, usage).await;
         Ok(())
     }
 
     async fn append_evaluations(&self, evaluations: &[Evaluation]) -> Result<()> {
-        for (_, evaluations) in by_tenant(evaluations, |e| &e.tenant) {
+        for (tenant, evaluations) in by_tenant(evaluations, |e| &e.tenant) {
             let mut pipe = redis::pipe();
             // All or nothing, as the steps' append (a retried write lands once).
             pipe.atomic();
             for e in evaluations {
+                let json = encode("evaluation", e)?;
+                let len = json.len() as i64;
                 pipe.cmd("XADD")
                     .arg(keys::evaluations(&e.tenant, &e.trajectory))
                     .arg("*")
                     .arg("json")
-                    .arg(encode("evaluation", e)?)
+                    .arg(json)
                     .ignore();
+                pipe.hincr(keys::trajectory(tenant, &e.trajectory), "bytes", len)
+                    .ignore();
+                pipe.hincr(keys::usage(tenant), "bytes", len).ignore();
             }
-            pipe.query_async::<()>(&mut self.conn()).await?;
+            pipe.cmd("HMGET")
+                .arg(keys::usage(tenant))
+                .arg("steps")
+                .arg("bytes");
+            let ((steps, bytes),): ((Option<i64>, Option<i64>),) =
+                pipe.query_async(&mut self.conn()).await?;
+            self.enforce_caps(tenant, (steps.unwrap_or(0), bytes.unwrap_or(0)))
+                .await;
         }
         Ok(())
     }
