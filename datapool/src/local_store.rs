@@ -5,7 +5,12 @@
 //! The file is opened in WAL mode with a busy timeout, so a trainer process on the same machine
 //! can open it too: readers never block the writer, and the ready queue is claimed inside
 //! `BEGIN IMMEDIATE` transactions, so two processes never get the same new entry.
-//! Per-tenant caps are not enforced here: the embedded store is bounded by its disk.
+//!
+//! Opened [`LocalStore::with_caps`] (the sidecar's embedded store), a tenant's steps and bytes
+//! are bounded as on Redis ([`crate::Caps`]): triggers count every row a trajectory holds — its
+//! header (the agent's `metadata` in it), steps, next states and evaluations — per trajectory
+//! and per tenant, and a write that takes a tenant over a cap deletes its oldest trajectories
+//! until it is back under 90% of both. Rows written before the counting existed are not counted.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +24,7 @@ use crate::codec::{decode, encode, parse_stored};
 use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
+use crate::redis_store::Caps;
 use crate::schema::{
     check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
     PolicyVersion, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
@@ -77,7 +83,57 @@ CREATE TABLE IF NOT EXISTS waiting_completions (
     PRIMARY KEY (tenant, id));
 CREATE INDEX IF NOT EXISTS waiting_since ON waiting_completions (tenant, completed_at);
 CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, trajectory TEXT NOT NULL,
+    steps INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (tenant, trajectory));
+CREATE TABLE IF NOT EXISTS tenant_usage (
+    tenant TEXT PRIMARY KEY, steps INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS usage_of_tenant ON usage (tenant, seq);
+CREATE TRIGGER IF NOT EXISTS usage_counted AFTER UPDATE ON usage BEGIN
+    INSERT INTO tenant_usage (tenant) SELECT NEW.tenant
+        WHERE NOT EXISTS (SELECT 1 FROM tenant_usage WHERE tenant = NEW.tenant);
+    UPDATE tenant_usage SET steps = steps + NEW.steps - OLD.steps,
+        bytes = bytes + NEW.bytes - OLD.bytes WHERE tenant = NEW.tenant;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_dropped AFTER DELETE ON usage BEGIN
+    UPDATE tenant_usage SET steps = steps - OLD.steps, bytes = bytes - OLD.bytes
+        WHERE tenant = OLD.tenant;
+END;
 "#;
+
+/// The triggers that count the rows of `table` (its trajectory in column `trajectory`, its
+/// bytes in `json`, `steps` steps a row) in `usage`. No `OR IGNORE` in a trigger: an outer
+/// statement's conflict clause (an upsert's) overrides it.
+fn counting(table: &str, trajectory: &str, steps: u8) -> String {
+    let bytes = |row: &str| format!("length(CAST({row}.json AS BLOB))");
+    let (new, old) = (bytes("NEW"), bytes("OLD"));
+    format!(
+        "CREATE TRIGGER IF NOT EXISTS {table}_counted AFTER INSERT ON {table} BEGIN
+             INSERT INTO usage (tenant, trajectory) SELECT NEW.tenant, NEW.{trajectory}
+                 WHERE NOT EXISTS (SELECT 1 FROM usage
+                     WHERE tenant = NEW.tenant AND trajectory = NEW.{trajectory});
+             UPDATE usage SET steps = steps + {steps}, bytes = bytes + {new}
+                 WHERE tenant = NEW.tenant AND trajectory = NEW.{trajectory};
+         END;
+         CREATE TRIGGER IF NOT EXISTS {table}_recounted AFTER UPDATE OF json ON {table} BEGIN
+             UPDATE usage SET bytes = bytes + {new} - {old}
+                 WHERE tenant = NEW.tenant AND trajectory = NEW.{trajectory};
+         END;
+         CREATE TRIGGER IF NOT EXISTS {table}_uncounted AFTER DELETE ON {table} BEGIN
+             UPDATE usage SET steps = steps - {steps}, bytes = bytes - {old}
+                 WHERE tenant = OLD.tenant AND trajectory = OLD.{trajectory};
+         END;"
+    )
+}
+
+/// Every table whose rows belong to a trajectory: `(table, its trajectory column, steps a row)`.
+const COUNTED: [(&str, &str, u8); 4] = [
+    ("trajectories", "id", 0),
+    ("steps", "trajectory", 1),
+    ("next_states", "trajectory", 0),
+    ("evaluations", "trajectory", 0),
+];
 
 /// The datapool in a SQLite file. Cheap to clone; clones share one connection, and every call
 /// runs on tokio's blocking pool so SQLite never stalls the async workers.
@@ -85,6 +141,8 @@ CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT
 pub struct LocalStore {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    /// Each tenant's bounds; `None`: bounded by the disk (the spool).
+    caps: Option<Caps>,
 }
 
 /// Creates the SQLite file at `path`, when missing, readable by its owner alone (it holds
@@ -112,10 +170,22 @@ impl LocalStore {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.execute_batch(SCHEMA)?;
+        for (table, trajectory, steps) in COUNTED {
+            conn.execute_batch(&counting(table, trajectory, steps))?;
+        }
         Ok(LocalStore {
             conn: Arc::new(Mutex::new(conn)),
             path,
+            caps: None,
         })
+    }
+
+    /// This store with each tenant's steps and bytes bounded by `caps` (of which the steps and
+    /// bytes per tenant apply here): a write that takes a tenant over either deletes its oldest
+    /// trajectories.
+    pub fn with_caps(mut self, caps: Caps) -> Self {
+        self.caps = Some(caps);
+        self
     }
 
     /// The file this store lives in.
@@ -325,11 +395,75 @@ fn settle_waiting(
     Ok(Some(enqueue_finished(tx, tenant, id, group, status, at)?))
 }
 
+/// Deletes `tenant`'s oldest trajectories, whole, while it is over `caps`: once over either
+/// cap, down to 90% of both (a tenant at its cap does not trim on every write).
+fn trim_to_caps(tx: &rusqlite::Transaction<'_>, tenant: &str, caps: Option<Caps>) -> Result<()> {
+    let Some(caps) = caps else {
+        return Ok(());
+    };
+    let usage = || -> Result<(u64, u64)> {
+        let counted: Option<(i64, i64)> = tx
+            .query_row(
+                "SELECT steps, bytes FROM tenant_usage WHERE tenant = ?1",
+                [tenant],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (steps, bytes) = counted.unwrap_or_default();
+        Ok((steps.max(0) as u64, bytes.max(0) as u64))
+    };
+    let (steps, bytes) = usage()?;
+    if steps <= caps.max_steps_per_tenant && bytes <= caps.max_bytes_per_tenant {
+        return Ok(());
+    }
+    let target = (
+        caps.max_steps_per_tenant / 10 * 9,
+        caps.max_bytes_per_tenant / 10 * 9,
+    );
+    let mut trimmed = 0usize;
+    loop {
+        let (steps, bytes) = usage()?;
+        if steps <= target.0 && bytes <= target.1 {
+            break;
+        }
+        let oldest: Option<String> = tx
+            .query_row(
+                "SELECT trajectory FROM usage WHERE tenant = ?1 ORDER BY seq LIMIT 1",
+                [tenant],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(trajectory) = oldest else {
+            break;
+        };
+        // The count first (the tenant's total drops by all of it), then the rows, whose
+        // triggers find no count left to update.
+        tx.execute(
+            "DELETE FROM usage WHERE tenant = ?1 AND trajectory = ?2",
+            [tenant, &trajectory],
+        )?;
+        for (table, column, _) in COUNTED {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE tenant = ?1 AND {column} = ?2"),
+                [tenant, &trajectory],
+            )?;
+        }
+        trimmed += 1;
+    }
+    tracing::debug!(
+        tenant,
+        trimmed,
+        "trimmed the tenant's oldest trajectories to its caps"
+    );
+    Ok(())
+}
+
 #[async_trait]
 impl Store for LocalStore {
     async fn upsert_trajectory(&self, t: &Trajectory) -> Result<()> {
         let json = encode("trajectory", t)?;
         let t = t.clone();
+        let caps = self.caps;
         self.with(move |c| {
             let tx = c.transaction()?;
             let tenant = t.tenant.as_str();
@@ -367,6 +501,7 @@ impl Store for LocalStore {
             }
             // A completion written before this header (another replica's) takes effect now.
             settle_waiting(&tx, tenant, t.id, false)?;
+            trim_to_caps(&tx, tenant, caps)?;
             tx.commit()?;
             Ok(())
         })
@@ -391,6 +526,7 @@ impl Store for LocalStore {
             .iter()
             .map(|s| (s.tenant().clone(), s.trajectory()))
             .collect();
+        let caps = self.caps;
         self.with(move |c| {
             let tx = c.transaction()?;
             {
@@ -407,6 +543,11 @@ impl Store for LocalStore {
             // A completion that waited for these steps (another replica's) takes effect now.
             for (tenant, traj) in &trajectories {
                 settle_waiting(&tx, tenant.as_str(), *traj, false)?;
+            }
+            let tenants: std::collections::BTreeSet<&TenantId> =
+                trajectories.iter().map(|(tenant, _)| tenant).collect();
+            for tenant in tenants {
+                trim_to_caps(&tx, tenant.as_str(), caps)?;
             }
             tx.commit()?;
             Ok(())
@@ -427,12 +568,16 @@ impl Store for LocalStore {
             step.to_string(),
             encode("next state", next_state)?,
         );
+        let caps = self.caps;
         self.with(move |c| {
-            c.execute(
+            let tx = c.transaction()?;
+            tx.execute(
                 "INSERT INTO next_states (tenant, trajectory, step_id, json) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (tenant, trajectory, step_id) DO UPDATE SET json = excluded.json",
                 params![row.0, row.1, row.2, row.3],
             )?;
+            trim_to_caps(&tx, &row.0, caps)?;
+            tx.commit()?;
             Ok(())
         })
         .await
@@ -449,6 +594,7 @@ impl Store for LocalStore {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
+        let caps = self.caps;
         self.with(move |c| {
             let tx = c.transaction()?;
             {
@@ -458,6 +604,11 @@ impl Store for LocalStore {
                 for (tenant, traj, json) in &rows {
                     insert.execute(params![tenant, traj, json])?;
                 }
+            }
+            let tenants: std::collections::BTreeSet<&String> =
+                rows.iter().map(|(tenant, _, _)| tenant).collect();
+            for tenant in tenants {
+                trim_to_caps(&tx, tenant, caps)?;
             }
             tx.commit()?;
             Ok(())

@@ -80,6 +80,19 @@ async fn next_states_attach_to_their_step() {
     scenarios::next_states_attach_to_their_step(&s, &fresh_tenant("next")).await;
 }
 
+#[tokio::test]
+async fn headers_and_next_states_count_against_the_tenants_byte_cap() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = LocalStore::open(dir.path().join("datapool.sqlite"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_caps(clawback_datapool::Caps {
+            max_bytes_per_tenant: scenarios::BYTE_CAP,
+            ..clawback_datapool::Caps::default()
+        });
+    let (t, other) = (fresh_tenant("cap"), fresh_tenant("cap-other"));
+    scenarios::headers_and_next_states_count_against_the_byte_cap(&store, &t, &other).await;
+}
+
 /// The text after `marker` on a line of the child's output (libtest may print its own
 /// `test ... ` prefix on the same line).
 fn after_marker<'a>(line: &'a str, marker: &str) -> Option<&'a str> {

@@ -800,3 +800,84 @@ pub async fn a_completion_before_its_last_steps_waits_for_them(
     let ready = read_at_least(store, tenant, &reader, 1, Duration::from_secs(10)).await;
     assert_eq!(ready[0].item, ReadyItem::Group(group));
 }
+
+/// The byte cap [`headers_and_next_states_count_against_the_byte_cap`] runs under.
+pub const BYTE_CAP: u64 = 64 << 10;
+
+/// What an agent sends besides its steps counts too: its request's `metadata`, copied into
+/// each trajectory header, and the next states (tool results, the user's replies). Eight
+/// trajectories of a 16 KiB header, a 1 KiB step and an 8 KiB next state against a cap of
+/// [`BYTE_CAP`] (the store is opened with it) keep the newest one or two, where the steps alone
+/// (8 KiB) would never reach it; `other`, a tenant under its cap, keeps all it wrote. The
+/// trajectories kept.
+pub async fn headers_and_next_states_count_against_the_byte_cap(
+    store: &dyn Store,
+    tenant: &TenantId,
+    other: &TenantId,
+) -> Vec<TrajectoryId> {
+    let others = open_trajectory(other);
+    store
+        .upsert_trajectory(&others)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut ids: Vec<TrajectoryId> = Vec::new();
+    for _ in 0..8 {
+        let mut traj = open_trajectory(tenant);
+        traj.metadata.insert(
+            clawback_datapool::AGENT_METADATA_KEY.to_owned(),
+            serde_json::json!({"blob": "m".repeat(16 << 10)}),
+        );
+        store
+            .upsert_trajectory(&traj)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let step = step_of(tenant, &traj.id, 0, 1024);
+        store
+            .append_steps(std::slice::from_ref(&step))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let next = NextState {
+            messages: vec![serde_json::json!({"role": "tool", "content": "r".repeat(8 << 10)})],
+            observed_at: UnixMs::now(),
+        };
+        store
+            .set_next_state(tenant, &traj.id, &step.id, &next)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        ids.push(traj.id);
+    }
+    let kept: Vec<TrajectoryId> = store
+        .list_trajectories(tenant, None, 100)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .map(|x| x.id)
+        .collect();
+    assert!(
+        (1..=2).contains(&kept.len()),
+        "kept {} of 8 trajectories of 25 KiB each under a cap of 64 KiB",
+        kept.len()
+    );
+    let mut newest = ids[ids.len() - kept.len()..].to_vec();
+    let mut sorted = kept.clone();
+    newest.sort();
+    sorted.sort();
+    assert_eq!(sorted, newest, "not the newest were kept");
+    let last = store
+        .trajectory(tenant, &ids[7])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("the newest is kept"));
+    assert_eq!(last.steps.len(), 1);
+    assert!(store
+        .trajectory(tenant, &ids[0])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
+    assert!(store
+        .trajectory(other, &others.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_some());
+    kept
+}

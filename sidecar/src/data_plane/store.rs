@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clawback_datapool::{
-    LocalSessions, LocalStore, RedisConfig, RedisStore, Sessions, SpoolConfig, SpooledStore, Store,
+    Caps, LocalSessions, LocalStore, RedisConfig, RedisStore, Sessions, SpoolConfig, SpooledStore,
+    Store,
 };
 
 /// File name of the embedded store inside `data_dir`.
@@ -62,7 +63,10 @@ pub async fn open(config: Location<'_>) -> Result<Datapool, OpenError> {
         })?;
     match config.redis {
         None => Ok(Datapool {
-            store: Arc::new(LocalStore::open(config.data_dir.join(LOCAL_FILE))?),
+            // Bounded per tenant as Redis is: one tenant cannot fill the disk for all.
+            store: Arc::new(
+                LocalStore::open(config.data_dir.join(LOCAL_FILE))?.with_caps(Caps::default()),
+            ),
             sessions: Arc::new(LocalSessions::open(config.data_dir.join(SESSIONS_FILE))?),
             remote_sessions: false,
         }),
