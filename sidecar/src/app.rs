@@ -166,7 +166,7 @@ impl App {
                     &config.filters,
                     &recorder,
                     &metrics,
-                    fraction,
+                    (fraction, fair),
                 )
                 .await?;
                 let stop = background.clone();

@@ -67,7 +67,7 @@ pub async fn host_sharing(
     let metrics = Metrics::default();
     let part = |total: usize| ((total as f64 * fraction).ceil() as usize).max(1);
     let share = clawback_filters::fair::TenantShare {
-        queued: part(config.queue_capacity),
+        queued: clawback_filters::fair::FixedShare::new(part(config.queue_capacity)),
         running: part(config.max_concurrency),
     };
     let filters = Filters::start(

@@ -14,12 +14,14 @@ use crate::data_plane::metrics::Metrics;
 use crate::data_plane::recorder::Recorder;
 
 /// Loads the plugins and attaches them to `recorder`; `None` when no plugin directory is set.
-/// A tenant holds at most `tenant_share` of the plugins' queue and of their calls at once.
+/// A tenant holds its fair share of the plugins' queue ([`crate::data_plane::share`]: at most
+/// `tenant_share` of it, less as more tenants are active; `fair` off: `tenant_share`) and at most
+/// `tenant_share` of their calls at once.
 pub async fn start(
     config: &clawback_filters::FiltersConfig,
     recorder: &Arc<Recorder>,
     metrics: &Metrics,
-    tenant_share: f64,
+    (tenant_share, fair): (f64, bool),
 ) -> Result<Option<Arc<Filters>>, FiltersError> {
     if config.dir.is_none() {
         return Ok(None);
@@ -31,7 +33,7 @@ pub async fn start(
         }
     });
     let share = clawback_filters::fair::TenantShare {
-        queued: crate::data_plane::share::of(config.queue_capacity, tenant_share),
+        queued: crate::data_plane::share::Shares::new(config.queue_capacity, tenant_share, fair),
         running: crate::data_plane::share::of(config.max_concurrency, tenant_share),
     };
     let filters =

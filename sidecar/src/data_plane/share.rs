@@ -1,4 +1,5 @@
-//! Fair shares: what every tenant draws on (calls in flight, orphans, Claw-R1 uids) is bounded
+//! Fair shares: what every tenant draws on (calls in flight, body bytes, orphans, Claw-R1 uids,
+//! the plugins' queue) is bounded
 //! per tenant as well as in all, so tenants at their share are refused while the others are
 //! still served — however many tenants push at once, the default tenant one among them.
 //!
@@ -181,6 +182,17 @@ impl Shares {
     }
 }
 
+/// The plugins' queue shared like the rest: a tenant queues a job while it may take a unit.
+impl clawback_filters::fair::QueueShares for Shares {
+    fn take(&self, tenant: &TenantId) -> bool {
+        self.counts().take(tenant)
+    }
+
+    fn give_back(&self, tenant: &TenantId) {
+        self.counts().give_back(tenant);
+    }
+}
+
 /// Why units were not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -305,6 +317,24 @@ mod tests {
             counts.give_back(&eve);
         }
         assert_eq!(take_all(&mut counts, &eve), 64 / 12);
+    }
+
+    #[test]
+    fn the_plugin_queue_is_shared_like_calls() {
+        use clawback_filters::fair::QueueShares;
+        let queue = Shares::new(64, 0.5, true);
+        let mut places = Vec::new();
+        for name in ["eve", "mallory", "default"] {
+            let mut n = 0;
+            while queue.take(&tenant(name)) {
+                n += 1;
+            }
+            places.push(n);
+        }
+        assert_eq!(places, [32, 11, 5]);
+        assert!(queue.take(&tenant("honest")));
+        queue.give_back(&tenant("eve"));
+        assert_eq!(queue.held(&tenant("eve")), 31);
     }
 
     #[test]
