@@ -14,8 +14,9 @@
 //! to a byte budget, oldest first out; a session whose entry was evicted gets the engine's "not
 //! found", as from any server that forgot it. An entry counts against the budget with its whole
 //! conversation (the entries it continues are held as long as it is), so what is held never
-//! exceeds the budget; each tenant keeps at most its share of it, so one tenant's traffic does
-//! not evict another's; and a continuation whose whole conversation is over `max_body_bytes` is
+//! exceeds the budget; each tenant keeps at most its share of it, and past the whole budget the
+//! tenant holding the most loses its oldest first, so tenants filling what they can — several
+//! together — evict their own entries, never those of a tenant holding less; and a continuation whose whole conversation is over `max_body_bytes` is
 //! refused, as the same body sent whole would be.
 
 use std::collections::{HashMap, VecDeque};
@@ -172,13 +173,32 @@ struct Kept {
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<(TenantId, String), Arc<Entry>>,
-    /// Every tenant's keys in the order they came, for eviction past the whole budget.
-    order: VecDeque<(TenantId, String)>,
     tenants: HashMap<TenantId, Kept>,
     bytes: usize,
 }
 
 impl State {
+    /// Evicts the oldest response of `tenant`; whether it had one.
+    fn evict_oldest(&mut self, tenant: &TenantId) -> bool {
+        let Some(oldest) = self
+            .tenants
+            .get_mut(tenant)
+            .and_then(|k| k.order.pop_front())
+        else {
+            return false;
+        };
+        self.evict(&(tenant.clone(), oldest));
+        true
+    }
+
+    /// The tenant holding the most bytes.
+    fn largest(&self) -> Option<TenantId> {
+        self.tenants
+            .iter()
+            .max_by_key(|(_, kept)| kept.bytes)
+            .map(|(tenant, _)| tenant.clone())
+    }
+
     /// Forgets the response `key`, if it is still kept.
     fn evict(&mut self, key: &(TenantId, String)) {
         let Some(gone) = self.entries.remove(key) else {
@@ -257,39 +277,30 @@ impl StoredResponses {
         let kept = state.tenants.entry(tenant.clone()).or_default();
         kept.bytes += conversation_bytes;
         kept.count += 1;
-        kept.order.push_back(key.1.clone());
-        state.order.push_back(key);
-        // The tenant's own oldest first, past its share; then anyone's, past the whole.
+        kept.order.push_back(key.1);
+        // The tenant's own oldest first, past its share; then the largest holder's, past the
+        // whole.
         while state
             .tenants
             .get(tenant)
             .is_some_and(|k| k.bytes > self.per_tenant)
         {
-            let Some(oldest) = state
-                .tenants
-                .get_mut(tenant)
-                .and_then(|k| k.order.pop_front())
-            else {
+            if !state.evict_oldest(tenant) {
                 break;
-            };
-            state.evict(&(tenant.clone(), oldest));
+            }
         }
         while state.bytes > self.budget {
-            let Some(oldest) = state.order.pop_front() else {
+            let Some(largest) = state.largest() else {
                 break;
             };
-            state.evict(&oldest);
+            if !state.evict_oldest(&largest) {
+                break;
+            }
         }
-        // The orders forget, now and then, the keys the other one evicted: they stay O(kept).
+        // A tenant's order forgets, now and then, the ids evicted by a rewrite: it stays O(kept).
         let State {
-            order,
-            entries,
-            tenants,
-            ..
+            entries, tenants, ..
         } = &mut *state;
-        if order.len() > 2 * entries.len() + 64 {
-            order.retain(|key| entries.contains_key(key));
-        }
         if let Some(kept) = tenants.get_mut(tenant) {
             if kept.order.len() > 2 * kept.count + 64 {
                 kept.order
@@ -392,6 +403,38 @@ mod tests {
         assert!(state.bytes <= 1000);
         drop(state);
         assert!(stored.owns(&tenant("b"), "b_1"));
+    }
+
+    #[test]
+    fn past_the_whole_budget_the_largest_holder_loses_first() {
+        // Three tenants at their share each (a third of the whole) go over it together; the
+        // honest tenant's small response, older than all of theirs, stays.
+        let stored = StoredResponses::new(3000, 1000);
+        let turn = |text: String| vec![json!({"role": "user", "content": text})];
+        stored.remember(
+            &tenant("honest"),
+            "h_1".into(),
+            TrajectoryId::new(),
+            None,
+            turn("hello".into()),
+        );
+        for round in 0..20 {
+            for name in ["eve", "mallory", "default"] {
+                stored.remember(
+                    &tenant(name),
+                    format!("{name}_{round}"),
+                    TrajectoryId::new(),
+                    None,
+                    turn("x".repeat(100)),
+                );
+            }
+        }
+        assert!(stored.owns(&tenant("honest"), "h_1"));
+        let state = stored.state.lock().unwrap();
+        assert!(state.bytes <= 3000, "{} kept", state.bytes);
+        for name in ["eve", "mallory", "default"] {
+            assert!(state.tenants[&tenant(name)].bytes <= 1000);
+        }
     }
 
     #[test]
