@@ -413,13 +413,10 @@ fn trim_to_caps(tx: &rusqlite::Transaction<'_>, tenant: &str, caps: Option<Caps>
         Ok((steps.max(0) as u64, bytes.max(0) as u64))
     };
     let (steps, bytes) = usage()?;
-    if steps <= caps.max_steps_per_tenant && bytes <= caps.max_bytes_per_tenant {
+    if !caps.exceeded(steps, bytes) {
         return Ok(());
     }
-    let target = (
-        caps.max_steps_per_tenant / 10 * 9,
-        caps.max_bytes_per_tenant / 10 * 9,
-    );
+    let target = caps.trim_target();
     let mut trimmed = 0usize;
     loop {
         let (steps, bytes) = usage()?;

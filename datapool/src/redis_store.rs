@@ -100,6 +100,22 @@ pub struct Caps {
     pub max_ready_entries: u64,
 }
 
+impl Caps {
+    /// Whether a tenant holding `steps` and `bytes` is over a cap.
+    pub(crate) fn exceeded(&self, steps: u64, bytes: u64) -> bool {
+        steps > self.max_steps_per_tenant || bytes > self.max_bytes_per_tenant
+    }
+
+    /// What a tenant over a cap is trimmed down to: 90% of both, so a tenant at its cap does
+    /// not trim on every write.
+    pub(crate) fn trim_target(&self) -> (u64, u64) {
+        (
+            self.max_steps_per_tenant / 10 * 9,
+            self.max_bytes_per_tenant / 10 * 9,
+        )
+    }
+}
+
 impl Default for Caps {
     fn default() -> Self {
         Caps {
@@ -355,17 +371,11 @@ impl RedisStore {
     }
 
     async fn tenant_usage_over_cap(&self, tenant: &TenantId, steps: i64, bytes: i64) -> Result<()> {
-        let caps = self.caps;
-        if (steps as u64) <= caps.max_steps_per_tenant
-            && (bytes as u64) <= caps.max_bytes_per_tenant
-        {
+        let (mut steps, mut bytes) = (steps.max(0) as u64, bytes.max(0) as u64);
+        if !self.caps.exceeded(steps, bytes) {
             return Ok(());
         }
-        let (target_steps, target_bytes) = (
-            caps.max_steps_per_tenant / 10 * 9,
-            caps.max_bytes_per_tenant / 10 * 9,
-        );
-        let (mut steps, mut bytes) = (steps.max(0) as u64, bytes.max(0) as u64);
+        let (target_steps, target_bytes) = self.caps.trim_target();
         let mut trimmed = 0usize;
         while steps > target_steps || bytes > target_bytes {
             let oldest: Vec<String> = redis::cmd("ZRANGE")

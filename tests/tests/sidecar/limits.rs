@@ -364,6 +364,28 @@ async fn slow_uploads_until_refused(
     }
 }
 
+/// Gives `config` the keys of eve (`sk-eve`), mallory (`sk-mallory`) and `honest` honest
+/// tenants (`sk-honest-{i}`, tenant `honest-{i}`); the honest keys.
+fn attackers_and_honest(
+    config: &mut clawback_sidecar::config::Config,
+    honest: usize,
+) -> Vec<String> {
+    let honest: Vec<(String, String)> = (0..honest)
+        .map(|i| (format!("sk-honest-{i}"), format!("honest-{i}")))
+        .collect();
+    let attackers = [("sk-eve", "eve"), ("sk-mallory", "mallory")];
+    let keys = attackers
+        .into_iter()
+        .chain(honest.iter().map(|(k, t)| (k.as_str(), t.as_str())));
+    for (key, tenant) in keys {
+        config.tenants.keys.insert(
+            clawback_sidecar::data_plane::tenant::key_hash(key),
+            tenant.to_owned(),
+        );
+    }
+    honest.into_iter().map(|(key, _)| key).collect()
+}
+
 /// Each of `tenants` makes `calls` calls one after another, all tenants at once; the statuses
 /// and the latencies of all.
 async fn honest_load(
@@ -411,35 +433,19 @@ async fn two_colluding_tenants_and_the_default_tenant_leave_eight_honest_tenants
         head_delay: Duration::from_millis(20),
         ..Behaviour::default()
     });
-    let honest: Vec<String> = (0..8).map(|i| format!("sk-honest-{i}")).collect();
     let config = || {
         let mut config = test_config(&[engine.url()]);
         config.limits.max_concurrent_requests = 64;
         assert_eq!(config.tenants.default.as_deref(), Some("default"));
-        let keys = [
-            ("sk-eve", "eve".to_owned()),
-            ("sk-mallory", "mallory".to_owned()),
-        ]
-        .into_iter()
-        .chain(
-            honest
-                .iter()
-                .enumerate()
-                .map(|(i, k)| (k.as_str(), format!("honest-{i}"))),
-        );
-        for (key, tenant) in keys {
-            config
-                .tenants
-                .keys
-                .insert(clawback_sidecar::data_plane::tenant::key_hash(key), tenant);
-        }
-        config
+        let honest = attackers_and_honest(&mut config, 8);
+        (config, honest)
     };
-    let quiet = Sidecar::start(config()).await;
+    let (quiet, honest) = config();
+    let quiet = Sidecar::start(quiet).await;
     let (statuses, mut alone) = honest_load(&quiet, &honest, 10).await;
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
 
-    let sidecar = Sidecar::start(config()).await;
+    let sidecar = Sidecar::start(config().0).await;
     let mut attack = Vec::new();
     for (key, tenant) in [
         ("sk-eve", "eve"),
@@ -521,27 +527,10 @@ async fn two_colluding_tenants_and_the_default_tenant_leave_eight_honest_tenants
 async fn colluding_tenants_declaring_large_bodies_hold_only_their_share_of_the_bytes() {
     const QUARTER_MIB: usize = 256 << 10;
     let engine = MockUpstream::start().await;
-    let honest: Vec<String> = (0..4).map(|i| format!("sk-honest-{i}")).collect();
     let mut config = test_config(&[engine.url()]);
     config.limits.max_body_bytes = 1 << 20;
     config.limits.max_buffered_bytes = 4 << 20;
-    let keys = [
-        ("sk-eve", "eve".to_owned()),
-        ("sk-mallory", "mallory".to_owned()),
-    ]
-    .into_iter()
-    .chain(
-        honest
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.as_str(), format!("honest-{i}"))),
-    );
-    for (key, tenant) in keys {
-        config
-            .tenants
-            .keys
-            .insert(clawback_sidecar::data_plane::tenant::key_hash(key), tenant);
-    }
+    let honest = attackers_and_honest(&mut config, 4);
     let sidecar = Sidecar::start(config).await;
 
     let bytes = &sidecar.app.bytes;
@@ -612,13 +601,7 @@ async fn slow_control_uploads_hold_their_tenants_share_and_the_admin_port_has_it
         .admin
         .tenant_tokens
         .insert(hash("eve-viewer"), "eve".to_owned());
-    for (key, tenant) in [
-        ("sk-eve", "eve"),
-        ("sk-honest-0", "honest-0"),
-        ("sk-honest-1", "honest-1"),
-    ] {
-        config.tenants.keys.insert(hash(key), tenant.to_owned());
-    }
+    attackers_and_honest(&mut config, 2);
     let sidecar = Sidecar::start(config).await;
     let calls = &sidecar.app.calls;
 
