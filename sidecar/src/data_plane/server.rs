@@ -442,6 +442,8 @@ impl<S: Stack> Accepting<S> {
                 },
                 () = self.stop.cancelled() => break,
             };
+            // A permit freed while this waited to accept is taken before anyone is closed.
+            let free = free.or_else(|| Arc::clone(permits).try_acquire_owned().ok());
             let permit = match free {
                 Some(permit) => permit,
                 None => {
