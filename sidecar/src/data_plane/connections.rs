@@ -9,12 +9,13 @@
 //! such a wake-up during the task's own poll into polling again at once.
 //!
 //! A connection whose answer was read to its end waits in a stack per upstream (the most
-//! recently used is taken first; those idle past `idle_timeout` are closed, at most
-//! `max_idle_per_upstream` kept). An idle connection is polled by no one, so it is checked when
-//! it is taken (the engine may have closed it: vLLM closes idle connections after 5 s), and a
-//! request that never left on a reused connection is sent again on a new one — what hyper's
-//! pooled client did (`retry_canceled_requests`). Every [`SWEEP`] the idle connections are looked
-//! at once, so those the engine closed or that idled too long are closed on our side too.
+//! recently used is taken first; those idle past `idle_timeout` — [`IDLE_REUSE`], under the
+//! engine's keep-alive — are closed, at most `max_idle_per_upstream` kept). An idle connection
+//! is polled by no one, so it is checked when it is taken (the engine may have closed it: vLLM
+//! closes idle connections after 5 s), and a request that never left on a reused connection is
+//! sent again on a new one — what hyper's pooled client did (`retry_canceled_requests`). Every
+//! [`SWEEP`] the idle connections are looked at once, so those the engine closed or that idled
+//! too long are closed on our side too.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
@@ -42,6 +43,13 @@ type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 /// How often idle connections are checked for having closed or idled too long.
 const SWEEP: Duration = Duration::from_secs(5);
+
+/// How long a connection may idle and still be reused: under the engines' own keep-alive
+/// (vLLM's and SGLang's uvicorn close a connection idle for 5 s). A request written into a
+/// connection the engine is closing at that moment has left, so it is not sent again: the
+/// engine resets it and the call fails with 502 (one retention probe of 40, a CI run of
+/// 2026-12-07, with connections kept 90 s).
+pub const IDLE_REUSE: Duration = Duration::from_secs(4);
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request got no answer head.

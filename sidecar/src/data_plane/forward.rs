@@ -82,7 +82,7 @@ impl Forwarder {
     ) -> Result<Self, InvalidApiKey> {
         let connections = Connections::new(
             timeouts.upstream_connect,
-            std::time::Duration::from_secs(90),
+            crate::data_plane::connections::IDLE_REUSE,
             1024,
         );
         let upstream_auth = upstream_api_key
