@@ -20,6 +20,7 @@
 //! | `clawback:{t}:ready` | stream | ready work: `kind` (`trajectory`/`group`), `id`; read by consumer groups |
 //! | `clawback:{t}:dead:{consumer group}` | stream | ready entries dead-lettered after too many deliveries |
 //! | `clawback:{t}:policy` | hash | live policy: `version`, `json` |
+//! | `clawback:{t}:rollback` | string | the operator's latest rollback order and its outcome (JSON) |
 //! | `clawback:{t}:policy:changed` | pub/sub channel | the new policy JSON, published on every switch |
 //! | `clawback:{t}:live` | zset (score = last call ms) | live trajectories, for the idle sweep ([`crate::Sessions`]) |
 //! | `clawback:{t}:live:{id}` | hash | a live trajectory's session state: `next`, `last`, `covered`, `eval`, `after`, `name`, `keys`, `c:{step}` per call in flight |
@@ -111,6 +112,11 @@ pub fn live_trajectory(tenant: &TenantId, id: &TrajectoryId) -> String {
 }
 
 /// The pub/sub channel the sidecars listen on to switch a tenant's routing to a new adapter.
+/// The operator's latest rollback order of the tenant.
+pub fn rollback(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:rollback")
+}
+
 pub fn policy_changed(tenant: &TenantId) -> String {
     format!("clawback:{{{tenant}}}:policy:changed")
 }

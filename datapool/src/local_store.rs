@@ -27,7 +27,7 @@ use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::redis_store::Caps;
 use crate::schema::{
     check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
-    PolicyVersion, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
+    PolicyVersion, Rollback, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
 };
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
@@ -78,6 +78,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     consumer TEXT NOT NULL, dead_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS policies (
     tenant TEXT PRIMARY KEY, version INTEGER NOT NULL, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollbacks (
+    tenant TEXT PRIMARY KEY, id TEXT NOT NULL, json TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS waiting_completions (
     tenant TEXT NOT NULL, id TEXT NOT NULL, expect INTEGER NOT NULL, completed_at INTEGER NOT NULL,
     PRIMARY KEY (tenant, id));
@@ -1138,6 +1140,53 @@ impl Store for LocalStore {
             )?;
             tx.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn order_rollback(&self, order: &Rollback) -> Result<()> {
+        let json = encode("rollback order", order)?;
+        let (tenant, id) = (order.tenant.to_string(), order.id.clone());
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO rollbacks (tenant, id, json) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (tenant) DO UPDATE SET id = excluded.id, json = excluded.json",
+                params![tenant, id, json],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn rollback(&self, tenant: &TenantId) -> Result<Option<Rollback>> {
+        let tenant = tenant.to_string();
+        self.with(move |c| {
+            let json: Option<String> = c
+                .query_row(
+                    "SELECT json FROM rollbacks WHERE tenant = ?1",
+                    [&tenant],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            json.map(|j| {
+                let order: Rollback = decode("rollback order", &j)?;
+                check_version("rollback order", order.schema_version)?;
+                Ok(order)
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    async fn settle_rollback(&self, order: &Rollback) -> Result<bool> {
+        let json = encode("rollback order", order)?;
+        let (tenant, id) = (order.tenant.to_string(), order.id.clone());
+        self.with(move |c| {
+            let written = c.execute(
+                "UPDATE rollbacks SET json = ?3 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, id, json],
+            )?;
+            Ok(written == 1)
         })
         .await
     }

@@ -158,6 +158,20 @@ return {tonumber(u[1]) or 0, tonumber(u[2]) or 0}
     )
 });
 
+/// Replaces a rollback order with its settled self, unless a newer order replaced it.
+/// KEYS: rollback key. ARGV: the order's id, the settled order's JSON. Returns 1 when written.
+pub(crate) static SETTLE_ROLLBACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+if cjson.decode(current)['id'] ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"#,
+    )
+});
+
 /// Makes a policy live unless a newer one already is, and publishes the switch.
 /// KEYS: policy hash. ARGV: version, policy JSON, notification channel.
 /// Returns -2 when it switched, -1 when that version was already live, else the newer live version.

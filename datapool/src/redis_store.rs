@@ -35,11 +35,12 @@ use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::keys;
 use crate::redis_scripts::{
-    COMPLETE, DEAD_LETTER, EXPIRE_GROUP, PUT_COUNTED, SETTLE_PENDING, SET_POLICY, TRIM_TRAJECTORY,
+    COMPLETE, DEAD_LETTER, EXPIRE_GROUP, PUT_COUNTED, SETTLE_PENDING, SETTLE_ROLLBACK, SET_POLICY,
+    TRIM_TRAJECTORY,
 };
 use crate::schema::{
     check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
-    PolicyVersion, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
+    PolicyVersion, Rollback, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
 };
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
@@ -1093,6 +1094,38 @@ impl Store for RedisStore {
             });
         }
         Ok(())
+    }
+
+    async fn order_rollback(&self, order: &Rollback) -> Result<()> {
+        redis::cmd("SET")
+            .arg(keys::rollback(&order.tenant))
+            .arg(encode("rollback order", order)?)
+            .query_async::<()>(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn rollback(&self, tenant: &TenantId) -> Result<Option<Rollback>> {
+        let json: Option<String> = redis::cmd("GET")
+            .arg(keys::rollback(tenant))
+            .query_async(&mut self.conn())
+            .await?;
+        json.map(|j| {
+            let order: Rollback = decode("rollback order", &j)?;
+            check_version("rollback order", order.schema_version)?;
+            Ok(order)
+        })
+        .transpose()
+    }
+
+    async fn settle_rollback(&self, order: &Rollback) -> Result<bool> {
+        let written: i64 = SETTLE_ROLLBACK
+            .key(keys::rollback(&order.tenant))
+            .arg(&order.id)
+            .arg(encode("rollback order", order)?)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(written == 1)
     }
 }
 

@@ -534,6 +534,37 @@ impl PolicyVersion {
     }
 }
 
+/// An operator's order to make an earlier version of a tenant's policy live again, and what came
+/// of it. The trainer, which owns the engine's adapters, carries it out: version `to`'s weights
+/// go live as a new version (versions only grow), and training continues from them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollback {
+    #[serde(default = "schema_version")]
+    pub schema_version: u32,
+    pub tenant: TenantId,
+    /// Names this order: a later order replaces it, and the trainer's outcome is recorded only
+    /// against the order it carried out.
+    pub id: String,
+    /// The version whose weights go live again.
+    pub to: u64,
+    /// The live version when it was ordered.
+    pub from: u64,
+    pub ordered_at: UnixMs,
+    /// `None` until the trainer carried it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<RollbackOutcome>,
+}
+
+/// What came of a [`Rollback`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum RollbackOutcome {
+    /// Version `to`'s weights are live as `version`.
+    Done { at: UnixMs, version: u64 },
+    /// Nothing changed: the live version stays.
+    Failed { at: UnixMs, reason: String },
+}
+
 /// A trajectory with everything recorded about it: what [`crate::Store::trajectory`] returns and
 /// what the trainer learns from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -30,7 +30,9 @@ use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::local_store::LocalStore;
 use crate::redis_store::RedisStore;
 use crate::schema::CompletionReason;
-use crate::schema::{Evaluation, Group, NextState, PolicyVersion, Trajectory, TrajectoryRecord};
+use crate::schema::{
+    Evaluation, Group, NextState, PolicyVersion, Rollback, Trajectory, TrajectoryRecord,
+};
 use crate::sessions::{
     Finish, Finishing, Join, Joined, KeyedSession, Sessions, StepDone, StepSlot, Timing,
 };
@@ -382,6 +384,18 @@ impl Store for SpooledStore {
 
     async fn set_policy_version(&self, policy: &PolicyVersion) -> Result<()> {
         self.shared.redis.set_policy_version(policy).await
+    }
+
+    async fn order_rollback(&self, order: &Rollback) -> Result<()> {
+        self.shared.redis.order_rollback(order).await
+    }
+
+    async fn rollback(&self, tenant: &TenantId) -> Result<Option<Rollback>> {
+        self.shared.redis.rollback(tenant).await
+    }
+
+    async fn settle_rollback(&self, order: &Rollback) -> Result<bool> {
+        self.shared.redis.settle_rollback(order).await
     }
 }
 

@@ -22,7 +22,7 @@ use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{is_key_safe, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::schema::{
-    CompletionReason, Evaluation, Group, NextState, PolicyVersion, Step, Trajectory,
+    CompletionReason, Evaluation, Group, NextState, PolicyVersion, Rollback, Step, Trajectory,
     TrajectoryRecord, TrajectoryStatus,
 };
 
@@ -142,6 +142,17 @@ pub trait Store: Send + Sync {
     /// Makes `policy` the tenant's live policy and notifies the routers. A version older than
     /// the live one is refused with [`Error::StalePolicyVersion`]; the same version is a no-op.
     async fn set_policy_version(&self, policy: &PolicyVersion) -> Result<()>;
+
+    /// Places an operator's rollback order; it replaces the tenant's last order, carried out
+    /// or not.
+    async fn order_rollback(&self, order: &Rollback) -> Result<()>;
+
+    /// The tenant's latest rollback order, with its outcome once carried out.
+    async fn rollback(&self, tenant: &TenantId) -> Result<Option<Rollback>>;
+
+    /// Records `order`'s outcome (set in it) unless a newer order replaced it meanwhile; returns
+    /// whether it was recorded.
+    async fn settle_rollback(&self, order: &Rollback) -> Result<bool>;
 }
 
 /// Most waiting completions one [`Store::release_overdue`] looks at; the next sweep takes the

@@ -69,6 +69,13 @@ async fn tenants_never_see_each_others_data() {
 }
 
 #[tokio::test]
+async fn a_rollback_is_settled_only_against_its_own_order() {
+    let (s, _dir) = store();
+    scenarios::a_rollback_is_settled_only_against_its_own_order(&s, &fresh_tenant("rollback"))
+        .await;
+}
+
+#[tokio::test]
 async fn the_live_policy_only_moves_forward() {
     let (s, _dir) = store();
     scenarios::the_live_policy_only_moves_forward(&s, &fresh_tenant("policy")).await;

@@ -74,6 +74,12 @@ async fn tenants_never_see_each_others_data() {
 }
 
 #[tokio::test]
+async fn a_rollback_is_settled_only_against_its_own_order() {
+    let (t, _keys) = tenant("rollback");
+    scenarios::a_rollback_is_settled_only_against_its_own_order(&store().await, &t).await;
+}
+
+#[tokio::test]
 async fn the_live_policy_only_moves_forward() {
     let (t, _keys) = tenant("policy");
     scenarios::the_live_policy_only_moves_forward(&store().await, &t).await;

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use clawback_datapool::example::tool_use_trajectory;
 use clawback_datapool::{
     Complete, CompletionReason, Consumer, ConsumerName, Delivery, Error, GroupId, GroupState,
-    NextState, PolicyVersion, ReadyItem, Store, TenantId, TrajectoryId, TrajectoryStatus, UnixMs,
+    NextState, PolicyVersion, ReadyItem, Rollback, RollbackOutcome, Store, TenantId, TrajectoryId,
+    TrajectoryStatus, UnixMs,
 };
 
 use super::{open_trajectory, step_of};
@@ -519,6 +520,72 @@ pub async fn the_live_policy_only_moves_forward(store: &dyn Store, tenant: &Tena
             .unwrap_or_else(|e| panic!("{e}")),
         Some(v(4))
     );
+}
+
+/// A rollback order is read back as placed; the trainer's outcome is recorded against the order
+/// it carried out, never over a newer one; a new order replaces a settled one.
+pub async fn a_rollback_is_settled_only_against_its_own_order(
+    store: &dyn Store,
+    tenant: &TenantId,
+) {
+    let read = || async {
+        store
+            .rollback(tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(read().await, None);
+    let order = |id: &str, to: u64| Rollback {
+        schema_version: 1,
+        tenant: tenant.clone(),
+        id: id.to_owned(),
+        to,
+        from: 9,
+        ordered_at: UnixMs(1_733_140_800_000),
+        outcome: None,
+    };
+    let first = order("first", 3);
+    store
+        .order_rollback(&first)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read().await, Some(first.clone()));
+    // The operator changed their mind before the trainer got to it.
+    let second = order("second", 5);
+    store
+        .order_rollback(&second)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stale = Rollback {
+        outcome: Some(RollbackOutcome::Done {
+            at: UnixMs(1_733_140_801_000),
+            version: 10,
+        }),
+        ..first
+    };
+    assert!(!store
+        .settle_rollback(&stale)
+        .await
+        .unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(read().await, Some(second.clone()));
+    let settled = Rollback {
+        outcome: Some(RollbackOutcome::Failed {
+            at: UnixMs(1_733_140_802_000),
+            reason: "version 5 is not on disk".to_owned(),
+        }),
+        ..second
+    };
+    assert!(store
+        .settle_rollback(&settled)
+        .await
+        .unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(read().await, Some(settled));
+    let third = order("third", 2);
+    store
+        .order_rollback(&third)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read().await, Some(third));
 }
 
 /// Next states and evaluations attach to the right steps.
