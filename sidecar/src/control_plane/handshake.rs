@@ -9,7 +9,9 @@
 //! - `GET /trajectories/{id}?tenant=T`;
 //! - read-only views for the trajectory viewer ([`crate::control_plane::ui`]), in [`listing`]: `GET /tenants`
 //!   (with each tenant's live policy), `GET /trajectories?tenant=T&limit=N` (newest first),
-//!   `GET /tenants/{tenant}/rewards?limit=N` (rewards over time).
+//!   `GET /tenants/{tenant}/rewards?limit=N` (rewards over time);
+//! - an operator's rollback of a tenant's policy, in [`rollback`]: `POST /tenants/{tenant}/rollback`
+//!   `{to}` and `GET /tenants/{tenant}/rollback` (the global token only).
 //!
 //! Every route needs `Authorization: Bearer <admin.token>`; without a configured token the API is
 //! off. The caller is trusted across tenants, but ids are still looked up inside one tenant (the
@@ -33,6 +35,7 @@ use crate::data_plane::error::error_response;
 
 pub mod auth;
 mod listing;
+mod rollback;
 
 use auth::Scope;
 
@@ -51,6 +54,10 @@ pub enum Route {
     Rewards(String),
     /// `GET /tenants/{tenant}/export`: a tenant's completed trajectories as training rows.
     Export(String),
+    /// `POST /tenants/{tenant}/rollback`: an operator's order to make an earlier version live.
+    Rollback(String),
+    /// `GET /tenants/{tenant}/rollback`: the latest order and its outcome.
+    RollbackState(String),
 }
 
 impl Route {
@@ -62,6 +69,10 @@ impl Route {
                 (&Method::GET, []) => Ok(Self::Tenants),
                 (&Method::GET, [tenant, "rewards"]) => Ok(Self::Rewards((*tenant).to_owned())),
                 (&Method::GET, [tenant, "export"]) => Ok(Self::Export((*tenant).to_owned())),
+                (&Method::POST, [tenant, "rollback"]) => Ok(Self::Rollback((*tenant).to_owned())),
+                (&Method::GET, [tenant, "rollback"]) => {
+                    Ok(Self::RollbackState((*tenant).to_owned()))
+                }
                 _ => Err(()),
             });
         }
@@ -106,19 +117,34 @@ pub enum HandshakeError {
     Sessions(#[from] crate::data_plane::session::shared::Unreachable),
     #[error("the export failed: {0}")]
     Export(String),
+    #[error("only the global admin token may change what serves a tenant")]
+    OperatorOnly,
+    #[error("policy routing is off (set routing.base_model): there are no versions to roll back")]
+    RoutingOff,
+    #[error("rollback refused: {0}")]
+    RollbackRefused(String),
+    #[error("no rollback was ever ordered for {0}")]
+    NoRollback(TenantId),
+    #[error("cannot encode the answer: {0}")]
+    Encode(String),
 }
 
 impl HandshakeError {
     fn status(&self) -> StatusCode {
         match self {
-            Self::Disabled | Self::NoRoute(_) | Self::NotFound(_) | Self::StepNotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            Self::Disabled
+            | Self::NoRoute(_)
+            | Self::NotFound(_)
+            | Self::StepNotFound(_)
+            | Self::NoRollback(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::OutOfScope(_) => StatusCode::FORBIDDEN,
+            Self::OutOfScope(_) | Self::OperatorOnly => StatusCode::FORBIDDEN,
             Self::BadBody(_) | Self::BadId(_) | Self::NoTenant => StatusCode::BAD_REQUEST,
-            Self::RecordingOff => StatusCode::CONFLICT,
+            Self::RecordingOff | Self::RoutingOff | Self::RollbackRefused(_) => {
+                StatusCode::CONFLICT
+            }
             Self::Store(_) | Self::Sessions(_) | Self::Export(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -137,6 +163,11 @@ impl HandshakeError {
             Self::Store(_) => "datapool_unavailable",
             Self::Sessions(_) => "session_state_unreachable",
             Self::Export(_) => "export_failed",
+            Self::OperatorOnly => "operator_only",
+            Self::RoutingOff => "routing_disabled",
+            Self::RollbackRefused(_) => "rollback_refused",
+            Self::NoRollback(_) => "no_rollback",
+            Self::Encode(_) => "internal_error",
         }
     }
 
@@ -199,6 +230,10 @@ pub async fn handle(
             Route::Tenants => listing::tenants(control, scope).await,
             Route::Rewards(tenant) => listing::rewards(control, scope, &tenant, parts).await,
             Route::Export(tenant) => listing::export(control, scope, &tenant, parts).await,
+            Route::Rollback(tenant) => {
+                rollback::order(control, scope, &tenant, parse(&body)?).await
+            }
+            Route::RollbackState(tenant) => rollback::state(control, scope, &tenant).await,
             Route::Complete(id) => complete(control, scope, &id, parse(&body)?).await,
             Route::Feedback(id) => feedback(control, scope, &id, parse(&body)?).await,
         }

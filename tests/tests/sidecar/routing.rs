@@ -359,3 +359,90 @@ async fn the_admin_endpoint_needs_the_admin_token() {
         .unwrap();
     assert_eq!(response.status(), 401);
 }
+
+/// `POST /tenants/{tenant}/rollback` as `token` with `body`; the status and the JSON answer.
+async fn order_rollback(sidecar: &Sidecar, token: &str, body: Value) -> (u16, Value) {
+    let response = client()
+        .post(sidecar.url("/tenants/default/rollback"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn an_operator_orders_a_rollback_to_an_earlier_version_and_reads_its_outcome() {
+    let engine = MockUpstream::start().await;
+    let mut config = routing_config(&engine, None);
+    let viewer = "routing-viewer-token";
+    config.admin.tenant_tokens.insert(
+        clawback_sidecar::data_plane::tenant::key_hash(viewer),
+        tenant().as_str().to_owned(),
+    );
+    let sidecar = Sidecar::start(config).await;
+    let store: Arc<dyn Store> = Arc::clone(sidecar.app.recorder.as_ref().unwrap().store());
+
+    // Nothing live yet: nothing to roll back from.
+    let (status, answer) = order_rollback(&sidecar, ADMIN, json!({"to": 1})).await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (409, &json!("rollback_refused"))
+    );
+    store.set_policy_version(&policy(5)).await.unwrap();
+
+    // Not an earlier version, or no version at all, or a body that says something else.
+    for body in [json!({"to": 5}), json!({"to": 9}), json!({"to": 0})] {
+        let (status, answer) = order_rollback(&sidecar, ADMIN, body.clone()).await;
+        assert_eq!(status, 409, "{body}: {answer}");
+    }
+    for body in [
+        json!({}),
+        json!({"to": "3"}),
+        json!({"to": 3, "force": true}),
+    ] {
+        let (status, _) = order_rollback(&sidecar, ADMIN, body.clone()).await;
+        assert_eq!(status, 400, "{body}");
+    }
+    // A tenant's own token rates its trajectories but does not decide what serves them.
+    let (status, answer) = order_rollback(&sidecar, viewer, json!({"to": 3})).await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (403, &json!("operator_only"))
+    );
+    assert_eq!(store.rollback(&tenant()).await.unwrap(), None);
+
+    let (status, order) = order_rollback(&sidecar, ADMIN, json!({"to": 3})).await;
+    assert_eq!(status, 202, "{order}");
+    assert_eq!(
+        (order["to"].as_u64(), order["from"].as_u64()),
+        (Some(3), Some(5))
+    );
+    assert!(order.get("outcome").is_none(), "{order}");
+    let stored = store.rollback(&tenant()).await.unwrap().unwrap();
+    assert_eq!(stored.id, order["id"].as_str().unwrap());
+
+    // What the trainer records once it carried the order out is what the operator reads.
+    let settled = clawback_datapool::Rollback {
+        outcome: Some(clawback_datapool::RollbackOutcome::Done {
+            at: UnixMs::now(),
+            version: 6,
+        }),
+        ..stored
+    };
+    assert!(store.settle_rollback(&settled).await.unwrap());
+    let response = client()
+        .get(sidecar.url("/tenants/default/rollback"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let state: Value = response.json().await.unwrap();
+    assert_eq!(
+        state["outcome"],
+        json!({"state": "done", "at": state["outcome"]["at"], "version": 6})
+    );
+}
