@@ -83,6 +83,9 @@ pub struct Optimizer {
     config: AdamWConfig,
     schedule: LrSchedule,
     step: u64,
+    /// The step the moments started from (0, or where [`Optimizer::restart`] zeroed them): the
+    /// bias corrections count from here.
+    moments_from: u64,
 }
 
 impl std::fmt::Debug for Optimizer {
@@ -122,7 +125,28 @@ impl Optimizer {
             config,
             schedule,
             step: 0,
+            moments_from: 0,
         })
+    }
+
+    /// Zeroes the moments and goes on at `step` of the schedule: the moments start again (their
+    /// bias corrections as on a first step), the learning rate does not warm up again. For
+    /// weights that are not the ones the moments were gathered on (a rollback to an earlier
+    /// version).
+    pub fn restart(&mut self, step: u64) {
+        tch::no_grad(|| {
+            for slot in &mut self.slots {
+                let _ = slot.exp_avg.zero_();
+                let _ = slot.exp_avg_sq.zero_();
+            }
+        });
+        self.step = step;
+        self.moments_from = step;
+    }
+
+    /// The step the moments started from (what a checkpoint keeps beside the step count).
+    pub fn moments_from(&self) -> u64 {
+        self.moments_from
     }
 
     /// Steps taken so far.
@@ -152,7 +176,7 @@ impl Optimizer {
         let grad_norm = self.clip_gradients();
         let lr = self.schedule.lr(self.step);
         let c = self.config;
-        let t = (self.step + 1) as i32;
+        let t = (self.step - self.moments_from + 1) as i32;
         let correction1 = 1.0 - c.beta1.powi(t);
         let correction2 = 1.0 - c.beta2.powi(t);
         tch::no_grad(|| {
@@ -210,9 +234,15 @@ impl Optimizer {
         })
     }
 
-    /// Restores the moments [`Optimizer::save_state`] wrote and the number of steps taken,
-    /// so the schedule and the bias corrections continue where they stopped.
-    pub fn load_state(&mut self, path: &Path, steps: u64) -> Result<(), OptimError> {
+    /// Restores the moments [`Optimizer::save_state`] wrote, the number of steps taken and the
+    /// step the moments started from, so the schedule and the bias corrections continue where
+    /// they stopped.
+    pub fn load_state(
+        &mut self,
+        path: &Path,
+        steps: u64,
+        moments_from: u64,
+    ) -> Result<(), OptimError> {
         let shown = path.display().to_string();
         let tensors: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(path)
             .map_err(|source| OptimError::Read {
@@ -247,6 +277,7 @@ impl Optimizer {
             Ok(())
         })?;
         self.step = steps;
+        self.moments_from = moments_from.min(steps);
         Ok(())
     }
 
@@ -346,6 +377,36 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_optimizer_steps_as_a_fresh_one_at_its_place_in_the_schedule() {
+        let config = AdamWConfig {
+            max_grad_norm: 0.0,
+            ..AdamWConfig::default()
+        };
+        let vs = nn::VarStore::new(Device::Cpu);
+        let w = vs.root().var_copy("w", &Tensor::from_slice(&[1.0f32]));
+        let mut fresh = Optimizer::new(&vs, config, schedule()).unwrap();
+        fresh.backward_step(&(&w * 2.0).sum(Kind::Float));
+        let first = w.double_value(&[0]);
+
+        let vs2 = nn::VarStore::new(Device::Cpu);
+        let mut w2 = vs2.root().var_copy("w", &Tensor::from_slice(&[-4.0f32]));
+        let mut used = Optimizer::new(&vs2, config, schedule()).unwrap();
+        for _ in 0..5 {
+            used.backward_step(&(&w2 * -3.0).sum(Kind::Float));
+        }
+        // Back to the fresh one's weights: the moments of the other weights are forgotten.
+        tch::no_grad(|| w2.copy_(&Tensor::from_slice(&[1.0f32])));
+        used.restart(7);
+        assert_eq!((used.steps(), used.moments_from()), (7, 7));
+        let stats = used.backward_step(&(&w2 * 2.0).sum(Kind::Float));
+        assert_eq!(stats.step, 7);
+        assert!(
+            (w2.double_value(&[0]) - first).abs() < 1e-6,
+            "{w2} vs {first}"
+        );
+    }
+
+    #[test]
     fn a_restored_optimizer_continues_exactly_where_the_saved_one_stopped() {
         let dir = std::env::temp_dir().join(format!("optim-state-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -371,7 +432,7 @@ mod tests {
         let (vs2, mut w2) = make();
         tch::no_grad(|| w2.copy_(&saved_w));
         let mut resumed = Optimizer::new(&vs2, AdamWConfig::default(), schedule()).unwrap();
-        resumed.load_state(&path, 3).unwrap();
+        resumed.load_state(&path, 3, 0).unwrap();
         assert_eq!(resumed.steps(), 3);
         resumed.backward_step(&loss(&w2));
         let (a, b) = (

@@ -567,3 +567,135 @@ fn each_checkpoint_is_published_loaded_into_the_backend_and_made_live() {
     );
     assert!(published[0]["load_seconds"].as_f64().is_some());
 }
+
+/// The bytes of a published version's adapter weights.
+fn weights(adapters: &Path, tenant: &TenantId, version: u64) -> Vec<u8> {
+    let file = adapters
+        .join(format!("{tenant}@v{version}"))
+        .join("adapter_model.safetensors");
+    std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+#[test]
+fn an_operators_rollback_makes_an_earlier_version_live_again_and_training_continues_from_it() {
+    use clawback_datapool::{Rollback, RollbackOutcome, Store, UnixMs};
+    let (dir, model, data, store) = local_setup();
+    let tenant = fresh_tenant("rollback");
+    let rt = runtime();
+    let (vllm, received) = fake_vllm();
+    let adapters = dir.path().join("adapters");
+    let text = config_text(
+        dir.path(),
+        &model,
+        &data.display().to_string(),
+        &tenant,
+        &format!(
+            "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\n\
+             max_seq_len = 128\n\n[publish]\nadapter_root = \"{}\"\n\n[[publish.backends]]\n\
+             kind = \"vllm\"\nurl = \"{vllm}\"\n",
+            adapters.display()
+        ),
+    );
+    let live = || {
+        rt.block_on(store.policy_version(&tenant))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no live policy"))
+    };
+    let order = |to: u64| {
+        let order = Rollback {
+            schema_version: 1,
+            tenant: tenant.clone(),
+            id: format!("order-{to}"),
+            to,
+            from: live().version,
+            ordered_at: UnixMs::now(),
+            outcome: None,
+        };
+        rt.block_on(store.order_rollback(&order))
+            .unwrap_or_else(|e| panic!("{e}"));
+    };
+    let outcome = || {
+        rt.block_on(store.rollback(&tenant))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .and_then(|o| o.outcome)
+    };
+
+    // Two rounds of training, two versions live one after the other.
+    rt.block_on(record(&store, &tenant, 1, 4, 0));
+    train_until_idle(&text);
+    let first = live().version;
+    rt.block_on(record(&store, &tenant, 1, 4, 0));
+    train_until_idle(&text);
+    let second = live().version;
+    assert!(second > first, "{first} then {second}");
+    assert_ne!(
+        weights(&adapters, &tenant, first),
+        weights(&adapters, &tenant, second)
+    );
+
+    // The operator rolls back to the first: its weights go live as a new version.
+    order(first);
+    train_until_idle(&text);
+    let restored = second + 1;
+    assert!(
+        matches!(outcome(), Some(RollbackOutcome::Done { version, .. }) if version == restored),
+        "{:?}",
+        outcome()
+    );
+    assert_eq!(live().version, restored);
+    assert_eq!(live().adapter, format!("{tenant}@v{restored}"));
+    assert_eq!(
+        weights(&adapters, &tenant, restored),
+        weights(&adapters, &tenant, first)
+    );
+    let calls = received.lock().map(|r| r.clone()).unwrap_or_default();
+    let named = |path: &str| -> Vec<String> {
+        calls
+            .iter()
+            .filter(|(p, _)| p == path)
+            .filter_map(|(_, body)| body["lora_name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        named("/v1/load_lora_adapter").last(),
+        Some(&format!("{tenant}@v{restored}"))
+    );
+    assert_eq!(
+        named("/v1/unload_lora_adapter").last(),
+        Some(&format!("{tenant}@v{second}"))
+    );
+    // A restart resumes from the restored weights, not from the versions rolled back.
+    let (latest, state) = checkpoints(&dir.path().join("checkpoints"), &tenant)
+        .pop()
+        .unwrap_or_else(|| panic!("no checkpoint"));
+    assert_eq!(
+        (state.optimizer_steps, state.moments_from),
+        (restored, restored)
+    );
+    assert_eq!(
+        std::fs::read(latest.join("adapter").join("adapter_model.safetensors")).ok(),
+        Some(weights(&adapters, &tenant, first))
+    );
+    let logged: Vec<serde_json::Value> = jsonl(&dir.path().join("metrics.jsonl"))
+        .into_iter()
+        .filter_map(|line| line.get("rollback").cloned())
+        .collect();
+    assert_eq!(logged.len(), 1);
+    assert_eq!(logged[0]["outcome"]["version"], restored);
+
+    // Training goes on from there, and the next version follows the restored one.
+    rt.block_on(record(&store, &tenant, 1, 4, 0));
+    train_until_idle(&text);
+    assert!(live().version > restored, "{}", live().version);
+
+    // An order for a version that is not earlier than the live one changes nothing.
+    let now = live();
+    order(now.version + 3);
+    train_until_idle(&text);
+    assert!(
+        matches!(outcome(), Some(RollbackOutcome::Failed { .. })),
+        "{:?}",
+        outcome()
+    );
+    assert_eq!(live(), now);
+}

@@ -3,7 +3,8 @@
 //! until the sidecar routes to it and its calls on the previous version have drained, and
 //! unloads that one — five times while agents stream through the sidecar, with not one failed
 //! request. A load vLLM refuses (no adapter in the folder: 404; a rank above `--max-lora-rank`:
-//! 500) leaves the previous version live.
+//! 500) leaves the previous version live. A rollback to version 2 then goes live the same way,
+//! as version 6 with version 2's weights, still with not one failed request.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -178,6 +179,21 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
         "the last good version stays live"
     );
 
+    // A rollback to version 2: its folder goes live as version 6 (versions only grow).
+    let restored = publisher
+        .restore(&tenant, 2, 6)
+        .await
+        .unwrap_or_else(|e| panic!("rolling back to v2: {e}"));
+    assert_eq!(restored.policy.adapter, "default@v6");
+    assert_eq!(restored.previous.map(|p| p.version), Some(5));
+    let adapters = root.join("adapters");
+    let weights = |name: &str| {
+        std::fs::read(adapters.join(name).join("adapter_model.safetensors")).expect("weights")
+    };
+    assert_eq!(weights("default@v6"), weights("default@v2"));
+    let missing = publisher.restore(&tenant, 42, 7).await;
+    assert!(missing.is_err(), "a version never written was restored");
+
     let at = served.load(Ordering::SeqCst);
     while served.load(Ordering::SeqCst) < at + 3 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -196,7 +212,7 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
     );
     let seen: std::collections::BTreeSet<&str> =
         outcomes.iter().filter_map(|o| o.as_deref().ok()).collect();
-    for version in 2..=5 {
+    for version in [2, 3, 4, 5, 6] {
         assert!(
             seen.contains(format!("default@v{version}").as_str()),
             "{seen:?}"
@@ -216,7 +232,7 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    assert_eq!(loaded, [MODEL, "default@v5"]);
+    assert_eq!(loaded, [MODEL, "default@v6"]);
     let headers = store
         .list_trajectories(&tenant, None, 10_000)
         .await
@@ -233,7 +249,7 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
         }
     }
     assert!(
-        policies.contains(&("default@v5".to_owned(), 5)),
+        policies.contains(&("default@v6".to_owned(), 6)),
         "{policies:?}"
     );
 }

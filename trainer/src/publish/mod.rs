@@ -19,6 +19,11 @@
 //! others already took the new ones. There is nothing to drain: the name stays the same.
 //!
 //! Each step's duration is returned ([`PublishTimings`]) for the trainer's metrics.
+//!
+//! A **rollback** ([`Publisher::restore`]) is a publish too: an earlier version's folder (every
+//! version made live keeps its folder under `adapter_root`) is copied to a new version, which
+//! goes through the same load, switch and drain. Versions only grow, so a sidecar never has to
+//! tell a rollback from a stale write.
 
 pub mod backend;
 pub mod config;
@@ -79,6 +84,12 @@ pub enum PublishError {
     },
     #[error("the datapool: {0}")]
     Store(#[from] clawback_datapool::Error),
+    #[error("version {version} of tenant {tenant} is not on disk (no whole version in {dir})")]
+    NoVersion {
+        tenant: TenantId,
+        version: u64,
+        dir: PathBuf,
+    },
 }
 
 fn rolled_back_note(failures: &[String]) -> String {
@@ -255,6 +266,31 @@ impl Publisher {
         })
     }
 
+    /// Makes version `to`'s weights live again as `version`: `to`'s folder is copied to
+    /// `version`'s and published as any version is (load, switch, drain). `to`'s folder must be
+    /// whole.
+    pub async fn restore(
+        &self,
+        tenant: &TenantId,
+        to: u64,
+        version: u64,
+    ) -> Result<Published, PublishError> {
+        let source = self.version_dir(tenant, to);
+        let whole = match self.config.mode {
+            Mode::Lora => source.join("adapter_config.json").is_file(),
+            Mode::FullWeights { .. } => source.is_dir(),
+        };
+        if !whole {
+            return Err(PublishError::NoVersion {
+                tenant: tenant.clone(),
+                version: to,
+                dir: source,
+            });
+        }
+        self.publish(tenant, version, |dir| copy_tree(&source, dir))
+            .await
+    }
+
     /// The model name the policy routes to: the adapter's, or the served model's in
     /// full-weight mode.
     fn served_name<'a>(&'a self, adapter: &'a str) -> &'a str {
@@ -372,6 +408,21 @@ impl Publisher {
             backoff = (backoff * 2).min(retry.max_backoff);
         }
     }
+}
+
+/// Copies the files under `from` into `to` (which exists), folders included.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            std::fs::create_dir(&target)?;
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// Has `write` fill a scratch directory next to `dir`, then renames it to `dir`.

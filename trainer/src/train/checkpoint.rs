@@ -63,6 +63,9 @@ pub struct CheckpointState {
     pub tenant: TenantId,
     /// Optimizer steps taken, this checkpoint's included (also the schedule's position).
     pub optimizer_steps: u64,
+    /// The step AdamW's moments started from: 0, or where a rollback restarted them.
+    #[serde(default)]
+    pub moments_from: u64,
     /// The steps whose gradients went into the optimizer steps since the previous checkpoint.
     pub applied_steps: Vec<StepId>,
     /// The deliveries consumed since the previous checkpoint: acked once this one is written.
@@ -96,7 +99,11 @@ impl Saved {
 
     /// Restores the optimizer's moments and step count (build it over the loaded adapter).
     pub fn restore_optimizer(&self, optimizer: &mut Optimizer) -> Result<(), CheckpointError> {
-        optimizer.load_state(&self.dir.join(OPTIMIZER_FILE), self.state.optimizer_steps)?;
+        optimizer.load_state(
+            &self.dir.join(OPTIMIZER_FILE),
+            self.state.optimizer_steps,
+            self.state.moments_from,
+        )?;
         Ok(())
     }
 }
@@ -254,6 +261,7 @@ mod tests {
         CheckpointState {
             tenant: tenant.clone(),
             optimizer_steps: steps,
+            moments_from: 0,
             applied_steps: vec![StepId::new()],
             deliveries: vec![DeliveryId(format!("{steps}-0"))],
             seen: SeenSteps::new(16),

@@ -184,6 +184,38 @@ pub struct PublishReport {
 }
 
 impl PublishReport {
+    /// What publishing `version` of `tenant` came to.
+    pub fn of(
+        tenant: &TenantId,
+        version: u64,
+        outcome: &Result<crate::publish::Published, crate::publish::PublishError>,
+    ) -> Self {
+        match outcome {
+            Ok(published) => PublishReport {
+                tenant: tenant.clone(),
+                version,
+                adapter: published.policy.adapter.clone(),
+                error: None,
+                save_seconds: published.timings.save.as_secs_f64(),
+                load_seconds: published.timings.load.as_secs_f64(),
+                switch_seconds: published.timings.switch.as_secs_f64(),
+                drain_seconds: published.timings.drain.as_secs_f64(),
+                load_attempts: published.load_attempts,
+            },
+            Err(e) => PublishReport {
+                tenant: tenant.clone(),
+                version,
+                adapter: crate::publish::Publisher::adapter_name(tenant, version),
+                error: Some(e.to_string()),
+                save_seconds: 0.0,
+                load_seconds: 0.0,
+                switch_seconds: 0.0,
+                drain_seconds: 0.0,
+                load_attempts: 0,
+            },
+        }
+    }
+
     /// The progress line.
     pub fn line(&self) -> String {
         match &self.error {
@@ -693,6 +725,25 @@ impl Metrics {
         if let Ok(mut prom) = self.prom.lock() {
             prom.record_gate(decision);
         }
+    }
+
+    /// Reports a rollback order carried out (or not): the line, always (an operator asked for
+    /// it), and `{"rollback": {...}}` in the JSONL log.
+    pub fn record_rollback(&mut self, order: &clawback_datapool::Rollback) {
+        let what = match &order.outcome {
+            Some(clawback_datapool::RollbackOutcome::Done { version, .. }) => {
+                format!("version {} is live again as v{version}", order.to)
+            }
+            Some(clawback_datapool::RollbackOutcome::Failed { reason, .. }) => {
+                format!("not done, the live version stays: {reason}")
+            }
+            None => "not carried out".to_owned(),
+        };
+        println!(
+            "[{}] rollback to v{} (from v{}): {what}",
+            order.tenant, order.to, order.from
+        );
+        self.append(&serde_json::json!({ "rollback": order }));
     }
 
     /// Counts a candidate the gate could not judge (it was not published).

@@ -14,19 +14,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
-    Consumer, DeliveryId, LocalStore, ReadyItem, RedisConfig, RedisStore, Store, TenantId,
-    TrajectoryRecord,
+    Consumer, DeliveryId, LocalStore, ReadyItem, RedisConfig, RedisStore, RollbackOutcome, Store,
+    TenantId, TrajectoryRecord, UnixMs,
 };
 use tokio::runtime::Runtime;
 
 use crate::gate::{Decision, Gate, GateError};
-use crate::publish::Publisher;
+use crate::publish::{PublishError, Published, Publisher};
 use crate::sampler::EngineDefaults;
 use crate::train::config::{Tenants, TrainConfig};
 use crate::train::error::TrainError;
 use crate::train::metrics::{Metrics, PublishReport};
 use crate::train::tenant::{score_options, TenantTrainer};
 use crate::train::text::TextCodec;
+use clawback_model::lora::LoraAdapter;
 use clawback_model::model::Model;
 
 /// The embedded store's file inside a data directory: the sidecar's `store::LOCAL_FILE`.
@@ -266,6 +267,7 @@ impl Loop<'_> {
             self.trainers.insert(tenant.clone(), trainer);
             self.ack(tenant, resume_acks)?;
         }
+        let rolled_back = self.roll_back(tenant)?;
         let deliveries = self
             .rt
             .block_on(self.store.read_ready(
@@ -275,7 +277,7 @@ impl Loop<'_> {
             ))
             .map_err(TrainError::datapool("read of the ready queue"))?;
         let idle = deliveries.is_empty();
-        let mut busy = !idle;
+        let mut busy = !idle || rolled_back;
         let current_version = self
             .rt
             .block_on(self.store.policy_version(tenant))
@@ -407,38 +409,94 @@ impl Loop<'_> {
         let (Some(publisher), Some(trainer)) = (&self.publisher, self.trainers.get(tenant)) else {
             return;
         };
-        let adapter = Publisher::adapter_name(tenant, version);
         let outcome = self.rt.block_on(publisher.publish(tenant, version, |dir| {
             trainer.save_adapter(dir, &self.base_model)
         }));
-        let report = match outcome {
-            Ok(published) => PublishReport {
-                tenant: tenant.clone(),
-                version,
-                adapter: published.policy.adapter,
-                error: None,
-                save_seconds: published.timings.save.as_secs_f64(),
-                load_seconds: published.timings.load.as_secs_f64(),
-                switch_seconds: published.timings.switch.as_secs_f64(),
-                drain_seconds: published.timings.drain.as_secs_f64(),
-                load_attempts: published.load_attempts,
-            },
-            Err(e) => PublishReport {
-                tenant: tenant.clone(),
-                version,
-                adapter,
-                error: Some(e.to_string()),
-                save_seconds: 0.0,
-                load_seconds: 0.0,
-                switch_seconds: 0.0,
-                drain_seconds: 0.0,
-                load_attempts: 0,
-            },
-        };
+        self.report_publish(tenant, version, &outcome);
+    }
+
+    fn report_publish(
+        &mut self,
+        tenant: &TenantId,
+        version: u64,
+        outcome: &Result<Published, PublishError>,
+    ) {
+        let report = PublishReport::of(tenant, version, outcome);
         if report.error.is_none() {
             *self.summary.published.entry(tenant.clone()).or_default() += 1;
         }
         self.metrics.record_publish(&report);
+    }
+
+    /// Carries out the operator's rollback order for `tenant` (placed through the sidecar's
+    /// `POST /tenants/{tenant}/rollback`) if one waits, and records its outcome; returns
+    /// whether one did. No gate judges it: the operator chose the version.
+    fn roll_back(&mut self, tenant: &TenantId) -> Result<bool, TrainError> {
+        let order = self
+            .rt
+            .block_on(self.store.rollback(tenant))
+            .map_err(TrainError::datapool("rollback order lookup"))?;
+        let Some(mut order) = order.filter(|o| o.outcome.is_none()) else {
+            return Ok(false);
+        };
+        order.outcome = Some(match self.restore(tenant, order.to)? {
+            Ok(version) => RollbackOutcome::Done {
+                at: UnixMs::now(),
+                version,
+            },
+            Err(reason) => RollbackOutcome::Failed {
+                at: UnixMs::now(),
+                reason,
+            },
+        });
+        self.metrics.record_rollback(&order);
+        self.rt
+            .block_on(self.store.settle_rollback(&order))
+            .map_err(TrainError::datapool("rollback outcome"))?;
+        Ok(true)
+    }
+
+    /// Makes version `to` of `tenant` live again as a new version, and trains on from it.
+    /// `Ok(Err(why))`: it could not, and the live version stays.
+    fn restore(&mut self, tenant: &TenantId, to: u64) -> Result<Result<u64, String>, TrainError> {
+        let (Some(publisher), Some(trainer)) = (&self.publisher, self.trainers.get(tenant)) else {
+            return Ok(Err(
+                "this trainer publishes nothing (its config has no [publish])".to_owned(),
+            ));
+        };
+        let live = self
+            .rt
+            .block_on(self.store.policy_version(tenant))
+            .map_err(TrainError::datapool("policy version lookup"))?;
+        let Some(live) = live.filter(|live| to > 0 && to < live.version) else {
+            return Ok(Err(format!(
+                "version {to} is not an earlier version of {tenant}"
+            )));
+        };
+        // Read before anything goes live: what cannot be trained on is not made live.
+        let dir = publisher.version_dir(tenant, to);
+        let placement = self.model.placement();
+        let adapter = match LoraAdapter::load(&dir, self.model.config(), placement.device) {
+            Ok(adapter) => adapter,
+            Err(e) => {
+                return Ok(Err(format!(
+                    "cannot read version {to} in {}: {e}",
+                    dir.display()
+                )))
+            }
+        };
+        let version = live.version.max(trainer.optimizer_steps()) + 1;
+        let outcome = self.rt.block_on(publisher.restore(tenant, to, version));
+        self.report_publish(tenant, version, &outcome);
+        if let Err(e) = outcome {
+            return Ok(Err(e.to_string()));
+        }
+        let Some(trainer) = self.trainers.get_mut(tenant) else {
+            return Ok(Ok(version));
+        };
+        let acks = trainer.restore(adapter, version, self.config, &self.base_model)?;
+        self.ack(tenant, acks)?;
+        Ok(Ok(version))
     }
 
     /// Keeps a candidate the gate held back on disk, with its decision.

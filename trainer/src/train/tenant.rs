@@ -406,6 +406,31 @@ impl TenantTrainer {
         self.adapter.save(dir, Some(base_model))
     }
 
+    /// Continues from `adapter` (an earlier version's, read from its published folder) now that
+    /// a rollback made it live as `version`: the optimizer goes on at step `version` (a version
+    /// is the step count it was published at) with its moments restarted — they were gathered
+    /// on the weights rolled back. Samples already queued stay queued. A checkpoint of the
+    /// restored state is written at once, so a restart resumes from it and never from the
+    /// versions rolled back; returns the deliveries it holds, to ack.
+    pub fn restore(
+        &mut self,
+        adapter: LoraAdapter,
+        version: u64,
+        config: &TrainConfig,
+        base_model: &str,
+    ) -> Result<Acks, TrainError> {
+        let mut optimizer =
+            Optimizer::new(adapter.var_store(), config.adamw(), config.lr_schedule())?;
+        optimizer.restart(version);
+        self.adapter = adapter;
+        self.optimizer = optimizer;
+        // The steps since the last checkpoint went into the weights rolled back: their data
+        // is consumed (acked with the checkpoint below), as the versions it made were.
+        self.steps_since_checkpoint = 1;
+        let (acks, _) = self.checkpoint(config, base_model)?;
+        Ok(acks)
+    }
+
     /// Whether a checkpoint is due (`every` steps since the last).
     pub fn checkpoint_due(&self, every: u64) -> bool {
         self.steps_since_checkpoint >= every
@@ -425,6 +450,7 @@ impl TenantTrainer {
             let state = CheckpointState {
                 tenant: self.tenant.clone(),
                 optimizer_steps: self.optimizer.steps(),
+                moments_from: self.optimizer.moments_from(),
                 applied_steps: self.applied_since_checkpoint.clone(),
                 deliveries: self.consumed.clone(),
                 seen: self.applied.clone(),
