@@ -1115,22 +1115,22 @@ impl Store for LocalStore {
         self.with(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let tenant = policy.tenant.as_str();
-            let live: Option<i64> = tx
+            let live: Option<(i64, String)> = tx
                 .query_row(
-                    "SELECT version FROM policies WHERE tenant = ?1",
+                    "SELECT version, json FROM policies WHERE tenant = ?1",
                     [tenant],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
             match live {
-                Some(v) if v as u64 > policy.version => {
+                Some((v, _)) if v as u64 > policy.version => {
                     return Err(Error::StalePolicyVersion {
                         tenant: tenant.into(),
                         attempted: policy.version,
                         live: v as u64,
                     })
                 }
-                Some(v) if v as u64 == policy.version => return Ok(()),
+                Some((v, live)) if v as u64 == policy.version && live == json => return Ok(()),
                 _ => {}
             }
             tx.execute(

@@ -174,14 +174,15 @@ return 1
 
 /// Makes a policy live unless a newer one already is, and publishes the switch.
 /// KEYS: policy hash. ARGV: version, policy JSON, notification channel.
-/// Returns -2 when it switched, -1 when that version was already live, else the newer live version.
+/// The same version replaces the record (a canary started or ended) unless it is the same.
+/// Returns -2 when it switched, -1 when that record was already live, else the newer live version.
 pub(crate) static SET_POLICY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local live = tonumber(redis.call('HGET', KEYS[1], 'version'))
 local v = tonumber(ARGV[1])
 if live and live > v then return live end
-if live and live == v then return -1 end
+if live and live == v and redis.call('HGET', KEYS[1], 'json') == ARGV[2] then return -1 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'json', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[2])
 return -2

@@ -522,9 +522,34 @@ pub struct PolicyVersion {
     /// Monotonic per tenant: a store refuses to go back to an older version.
     pub version: u64,
     pub live_since: UnixMs,
+    /// A candidate serving a share of the tenant's calls before it may replace this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+}
+
+/// A candidate version on trial: it serves `percent` of its tenant's calls (each call drawn on
+/// its own), and its online rewards are compared with the live version's before it is promoted
+/// or dropped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Canary {
+    /// The name the backend serves it under.
+    pub adapter: String,
+    /// Newer than the live version.
+    pub version: u64,
+    /// Of the tenant's calls, 1-99.
+    pub percent: u8,
+    pub since: UnixMs,
 }
 
 impl PolicyVersion {
+    /// The same version, with `canary` on trial (or none).
+    pub fn with_canary(&self, canary: Option<Canary>) -> Self {
+        Self {
+            canary,
+            ..self.clone()
+        }
+    }
+
     /// The reference a step records when this policy served it.
     pub fn policy_ref(&self) -> PolicyRef {
         PolicyRef {

@@ -140,7 +140,8 @@ pub trait Store: Send + Sync {
     async fn policy_version(&self, tenant: &TenantId) -> Result<Option<PolicyVersion>>;
 
     /// Makes `policy` the tenant's live policy and notifies the routers. A version older than
-    /// the live one is refused with [`Error::StalePolicyVersion`]; the same version is a no-op.
+    /// the live one is refused with [`Error::StalePolicyVersion`]; the same version replaces the
+    /// record only where it differs (a canary started or ended), else it is a no-op.
     async fn set_policy_version(&self, policy: &PolicyVersion) -> Result<()>;
 
     /// Places an operator's rollback order; it replaces the tenant's last order, carried out

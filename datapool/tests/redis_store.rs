@@ -217,6 +217,7 @@ async fn a_policy_switch_is_published_to_the_tenants_channel() {
         adapter: format!("{t}@v9"),
         version: 9,
         live_since: UnixMs::now(),
+        canary: None,
     };
     store
         .set_policy_version(&policy)

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use clawback_datapool::example::tool_use_trajectory;
 use clawback_datapool::{
-    Complete, CompletionReason, Consumer, ConsumerName, Delivery, Error, GroupId, GroupState,
-    NextState, PolicyVersion, ReadyItem, Rollback, RollbackOutcome, Store, TenantId, TrajectoryId,
-    TrajectoryStatus, UnixMs,
+    Canary, Complete, CompletionReason, Consumer, ConsumerName, Delivery, Error, GroupId,
+    GroupState, NextState, PolicyVersion, ReadyItem, Rollback, RollbackOutcome, Store, TenantId,
+    TrajectoryId, TrajectoryStatus, UnixMs,
 };
 
 use super::{open_trajectory, step_of};
@@ -412,6 +412,7 @@ pub async fn tenants_never_see_each_others_data(store: &dyn Store, a: &TenantId,
             adapter: format!("{a}@v1"),
             version: 1,
             live_since: UnixMs::now(),
+            canary: None,
         })
         .await
         .unwrap_or_else(|e| panic!("policy: {e}"));
@@ -488,6 +489,7 @@ pub async fn the_live_policy_only_moves_forward(store: &dyn Store, tenant: &Tena
         adapter: format!("{tenant}@v{version}"),
         version,
         live_since: UnixMs(1_733_140_800_000 + version),
+        canary: None,
     };
     store
         .set_policy_version(&v(3))
@@ -513,13 +515,30 @@ pub async fn the_live_policy_only_moves_forward(store: &dyn Store, tenant: &Tena
         .set_policy_version(&v(4))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
+    let live = || async {
         store
             .policy_version(tenant)
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
-        Some(v(4))
-    );
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(live().await, Some(v(4)));
+    // The same version with a canary on trial, and again without: each replaces the record.
+    let trial = v(4).with_canary(Some(Canary {
+        adapter: format!("{tenant}@v5"),
+        version: 5,
+        percent: 10,
+        since: UnixMs(1_733_140_900_000),
+    }));
+    store
+        .set_policy_version(&trial)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(live().await, Some(trial));
+    store
+        .set_policy_version(&v(4))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(live().await, Some(v(4)));
 }
 
 /// A rollback order is read back as placed; the trainer's outcome is recorded against the order

@@ -32,6 +32,7 @@ fn policy(version: u64) -> PolicyVersion {
         adapter: format!("default@v{version}"),
         version,
         live_since: UnixMs::now(),
+        canary: None,
     }
 }
 

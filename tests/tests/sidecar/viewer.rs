@@ -124,6 +124,7 @@ async fn scene() -> Scene {
         adapter: "default@v3".to_owned(),
         version: 3,
         live_since: UnixMs::now(),
+        canary: None,
     };
     store(&sidecar)
         .set_policy_version(&policy)

@@ -221,6 +221,7 @@ impl Publisher {
             adapter: self.served_name(&name).to_owned(),
             version,
             live_since: UnixMs::now(),
+            canary: None,
         };
         if let Err(source) = self.store.set_policy_version(&policy).await {
             let rollback_failures = self

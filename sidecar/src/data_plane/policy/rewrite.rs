@@ -70,10 +70,7 @@ impl Router {
             };
             // The live version named by its own name still counts as in flight on it, so the
             // publisher does not unload it under the call.
-            let lease = match self.table.lease(tenant) {
-                Lookup::Live(lease) if lease.policy().adapter == asked => Some(lease),
-                _ => None,
-            };
+            let lease = self.table.lease_named(tenant, asked);
             return Ok(Routed {
                 rewritten: false,
                 lease,
@@ -82,7 +79,7 @@ impl Router {
         }
         let (model, lease) = match self.table.lease(tenant) {
             Lookup::Base => (self.base_model.clone(), None),
-            Lookup::Live(lease) => (lease.policy().adapter.clone(), Some(lease)),
+            Lookup::Live(lease) => (lease.adapter().to_owned(), Some(lease)),
         };
         let rewritten = asked != model;
         if rewritten {
@@ -118,6 +115,7 @@ mod tests {
                 adapter: "acme@v3".to_owned(),
                 version: 3,
                 live_since: UnixMs::now(),
+                canary: None,
             }),
         );
         table.apply(&tenant("plain"), None);

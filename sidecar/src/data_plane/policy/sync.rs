@@ -148,6 +148,10 @@ impl Syncer {
         match self.store.policy_version(tenant).await {
             Ok(reported) => {
                 let adapter = reported.as_ref().map(|p| p.adapter.clone());
+                let canary = reported
+                    .as_ref()
+                    .and_then(|p| p.canary.as_ref())
+                    .map(|c| (c.adapter.clone(), c.percent));
                 match self.table.apply(tenant, reported) {
                     Applied::Switched => {
                         tracing::info!(%tenant, adapter = adapter.as_deref().unwrap_or_default(), "policy switched");
@@ -155,6 +159,12 @@ impl Syncer {
                     Applied::Stale => {
                         tracing::warn!(%tenant, adapter = adapter.as_deref().unwrap_or_default(), "the datapool reported an older policy than the live one; ignored");
                     }
+                    Applied::Trial => match canary {
+                        Some((canary, percent)) => {
+                            tracing::info!(%tenant, %canary, percent, "canary on trial");
+                        }
+                        None => tracing::info!(%tenant, "canary ended"),
+                    },
                     Applied::Unchanged => {}
                 }
             }

@@ -5,13 +5,17 @@
 //! holds the count up until the call's response has ended; a replaced policy stays visible (as
 //! "retired") for as long as a lease on it lives, so the publisher can wait for its count to reach
 //! zero before unloading the adapter from the backends.
+//!
+//! A policy with a canary on trial sends exactly `percent` of every hundred calls to the
+//! canary's adapter, in turn (call n goes to the canary when ⌊(n+1)·p/100⌋ > ⌊n·p/100⌋); the
+//! canary's calls are counted in flight on its own adapter.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use arc_swap::ArcSwap;
-use clawback_datapool::{PolicyRef, PolicyVersion, TenantId};
+use clawback_datapool::{Canary, PolicyRef, PolicyVersion, TenantId};
 use tokio::sync::Notify;
 
 use crate::data_plane::metrics::{Metrics, TenantLabels};
@@ -21,28 +25,83 @@ use crate::data_plane::metrics::{Metrics, TenantLabels};
 pub struct LivePolicy {
     pub policy: PolicyVersion,
     in_flight: AtomicU64,
+    /// Calls in flight on the canary's adapter.
+    canary_in_flight: AtomicU64,
+    /// Calls leased so far: which of them go to the canary.
+    drawn: AtomicU64,
+}
+
+impl LivePolicy {
+    fn new(policy: PolicyVersion) -> Self {
+        Self {
+            policy,
+            in_flight: AtomicU64::new(0),
+            canary_in_flight: AtomicU64::new(0),
+            drawn: AtomicU64::new(0),
+        }
+    }
+
+    /// The canary, if the next call is its.
+    fn draw(&self) -> Option<&Canary> {
+        let canary = self.policy.canary.as_ref()?;
+        let n = self.drawn.fetch_add(1, Ordering::Relaxed);
+        let percent = u64::from(canary.percent.min(100));
+        ((n + 1) * percent / 100 > n * percent / 100).then_some(canary)
+    }
+
+    fn count(&self, canary: bool) -> &AtomicU64 {
+        if canary {
+            &self.canary_in_flight
+        } else {
+            &self.in_flight
+        }
+    }
 }
 
 /// One call's hold on the policy that serves it; the in-flight count drops when it does.
 #[derive(Debug)]
 pub struct Lease {
     live: Arc<LivePolicy>,
+    /// The call runs on the canary.
+    canary: bool,
 }
 
 impl Lease {
+    fn take(live: Arc<LivePolicy>, canary: bool) -> Self {
+        live.count(canary).fetch_add(1, Ordering::SeqCst);
+        Self { live, canary }
+    }
+
+    /// The tenant's policy (with its canary, if one is on trial).
     pub fn policy(&self) -> &PolicyVersion {
         &self.live.policy
     }
 
+    /// The adapter the call runs on: the live version's, or the canary's.
+    pub fn adapter(&self) -> &str {
+        self.canary_policy()
+            .map_or(&self.live.policy.adapter, |c| &c.adapter)
+    }
+
+    fn canary_policy(&self) -> Option<&Canary> {
+        self.live.policy.canary.as_ref().filter(|_| self.canary)
+    }
+
     /// What the recorded step carries.
     pub fn policy_ref(&self) -> PolicyRef {
-        self.live.policy.policy_ref()
+        match self.canary_policy() {
+            Some(canary) => PolicyRef {
+                adapter: canary.adapter.clone(),
+                version: canary.version,
+            },
+            None => self.live.policy.policy_ref(),
+        }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.live.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.live.count(self.canary).fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -64,6 +123,8 @@ pub enum Applied {
     Switched,
     /// Nothing changed: the same version, or the tenant still has none.
     Unchanged,
+    /// The same version, with a canary started or ended.
+    Trial,
     /// The version is older than the live one and was ignored: routing never goes back.
     Stale,
 }
@@ -111,13 +172,32 @@ impl PolicyTable {
     /// either shows in the old policy's count (which the publisher then waits for) or moves to
     /// the new policy — it never runs on an adapter the publisher already saw drained.
     pub fn lease(&self, tenant: &TenantId) -> Lookup {
+        self.lease_where(tenant, |live| live.draw().is_some())
+    }
+
+    /// A lease on `adapter` for a call that named it: the live version's or the canary's;
+    /// `None` when it is neither (an older version still loaded, say).
+    pub fn lease_named(&self, tenant: &TenantId, adapter: &str) -> Option<Lease> {
+        let canary = |live: &LivePolicy| {
+            live.policy
+                .canary
+                .as_ref()
+                .is_some_and(|c| c.adapter == adapter)
+        };
+        match self.lease_where(tenant, canary) {
+            Lookup::Live(lease) if lease.adapter() == adapter => Some(lease),
+            _ => None,
+        }
+    }
+
+    fn lease_where(&self, tenant: &TenantId, canary: impl Fn(&LivePolicy) -> bool) -> Lookup {
         let mut held = None;
         for _ in 0..LEASE_ATTEMPTS {
             let Some(live) = self.current(tenant) else {
                 return Lookup::Base;
             };
-            live.in_flight.fetch_add(1, Ordering::SeqCst);
-            let lease = Lease { live };
+            let on_canary = canary(&live);
+            let lease = Lease::take(live, on_canary);
             let still_live = self
                 .current(tenant)
                 .is_some_and(|now| Arc::ptr_eq(&now, &lease.live));
@@ -159,19 +239,20 @@ impl PolicyTable {
             lock(&self.unknown).remove(tenant);
             return Applied::Unchanged;
         };
+        let mut trial = false;
         if let Some(Some(live)) = current {
             if reported.version < live.policy.version {
                 return Applied::Stale;
             }
             if reported.version == live.policy.version {
-                return Applied::Unchanged;
+                if reported.canary == live.policy.canary {
+                    return Applied::Unchanged;
+                }
+                trial = true;
             }
         }
         let version = reported.version;
-        let fresh = Arc::new(LivePolicy {
-            policy: reported,
-            in_flight: AtomicU64::new(0),
-        });
+        let fresh = Arc::new(LivePolicy::new(reported));
         let mut next = HashMap::clone(&map);
         let replaced = next.insert(tenant.clone(), Some(fresh)).flatten();
         self.live.store(Arc::new(next));
@@ -180,6 +261,9 @@ impl PolicyTable {
             let mut retired = lock(&self.retired);
             retired.retain(|weak| weak.strong_count() > 0);
             retired.push(Arc::downgrade(&old));
+        }
+        if trial {
+            return Applied::Trial;
         }
         let labels = TenantLabels::new(tenant);
         self.metrics.policy_switches.get_or_create(&labels).inc();
@@ -216,6 +300,10 @@ impl PolicyTable {
         for live in map.values().flatten().chain(retired.iter()) {
             *in_flight.entry(live.policy.adapter.clone()).or_insert(0) +=
                 live.in_flight.load(Ordering::SeqCst);
+            if let Some(canary) = &live.policy.canary {
+                *in_flight.entry(canary.adapter.clone()).or_insert(0) +=
+                    live.canary_in_flight.load(Ordering::SeqCst);
+            }
         }
         Snapshot {
             policies,
@@ -246,6 +334,7 @@ mod tests {
             adapter: format!("acme@v{n}"),
             version: n,
             live_since: UnixMs::now(),
+            canary: None,
         }
     }
 
@@ -302,5 +391,48 @@ mod tests {
         drop(lease);
         let snapshot = table.snapshot();
         assert_eq!(snapshot.in_flight.get("acme@v1"), None);
+    }
+
+    #[test]
+    fn a_canary_serves_exactly_its_percent_and_counts_its_own_calls() {
+        let table = table();
+        table.apply(&tenant(), Some(version(3)));
+        let trial = version(3).with_canary(Some(Canary {
+            adapter: "acme@v4".to_owned(),
+            version: 4,
+            percent: 25,
+            since: UnixMs::now(),
+        }));
+        assert_eq!(table.apply(&tenant(), Some(trial.clone())), Applied::Trial);
+        assert_eq!(table.apply(&tenant(), Some(trial)), Applied::Unchanged);
+        let leases: Vec<Lease> = (0..200)
+            .map(|_| match table.lease(&tenant()) {
+                Lookup::Live(lease) => lease,
+                Lookup::Base => panic!("v3 is live"),
+            })
+            .collect();
+        let on_canary: Vec<&Lease> = leases.iter().filter(|l| l.adapter() == "acme@v4").collect();
+        assert_eq!(on_canary.len(), 50);
+        assert_eq!(on_canary[0].policy_ref().version, 4);
+        // Every fourth call, not a run of them.
+        assert!(leases.chunks(4).all(|four| four
+            .iter()
+            .filter(|l| l.adapter() == "acme@v4")
+            .count()
+            == 1));
+        let snapshot = table.snapshot();
+        assert_eq!(snapshot.in_flight.get("acme@v4"), Some(&50));
+        assert_eq!(snapshot.in_flight.get("acme@v3"), Some(&150));
+        // A call naming the canary holds it too; the trial ends and its calls still count.
+        let named = table
+            .lease_named(&tenant(), "acme@v4")
+            .map(|l| l.policy_ref().version);
+        assert_eq!(named, Some(4));
+        assert_eq!(table.apply(&tenant(), Some(version(3))), Applied::Trial);
+        assert!(table.lease_named(&tenant(), "acme@v4").is_none());
+        assert_eq!(table.snapshot().in_flight.get("acme@v4"), Some(&50));
+        drop(leases);
+        assert_eq!(table.snapshot().in_flight.get("acme@v4"), None);
+        assert_eq!(leased_adapter(&table).as_deref(), Some("acme@v3"));
     }
 }
