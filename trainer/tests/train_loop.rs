@@ -16,7 +16,7 @@ use clawback_datapool::{
 use clawback_model::config::ModelConfig;
 use clawback_model::lora::LoraAdapter;
 use clawback_trainer::train::{self, RunOptions, TrainConfig};
-use common::{checkpoints, fresh_tenant, record, tiny_model_dir, unacked};
+use common::{checkpoints, fresh_tenant, record, record_served, tiny_model_dir, unacked};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -698,4 +698,95 @@ fn an_operators_rollback_makes_an_earlier_version_live_again_and_training_contin
         outcome()
     );
     assert_eq!(live(), now);
+}
+
+#[test]
+fn a_canary_serves_beside_the_live_version_and_its_users_rewards_promote_or_drop_it() {
+    use clawback_datapool::Store;
+    let (dir, model, data, store) = local_setup();
+    let tenant = fresh_tenant("canary");
+    let rt = runtime();
+    let (vllm, received) = fake_vllm();
+    let adapters = dir.path().join("adapters");
+    let text = config_text(
+        dir.path(),
+        &model,
+        &data.display().to_string(),
+        &tenant,
+        &format!(
+            "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\n\
+             max_seq_len = 128\n\n[publish]\nadapter_root = \"{}\"\n\n[publish.canary]\n\
+             percent = 20\nmin_steps = 4\nmax_drop = 0.2\nmax_wait = \"1h\"\n\n\
+             [[publish.backends]]\nkind = \"vllm\"\nurl = \"{vllm}\"\n",
+            adapters.display()
+        ),
+    );
+    let live = || {
+        rt.block_on(store.policy_version(&tenant))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no live policy"))
+    };
+    let on_trial = || live().canary.map(|c| (c.version, c.percent));
+    let calls = |path: &str| -> Vec<String> {
+        let calls = received.lock().map(|r| r.clone()).unwrap_or_default();
+        calls
+            .iter()
+            .filter(|(p, _)| p == path)
+            .filter_map(|(_, body)| body["lora_name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let decisions = || -> Vec<serde_json::Value> {
+        jsonl(&dir.path().join("metrics.jsonl"))
+            .into_iter()
+            .filter_map(|line| line.get("canary").cloned())
+            .collect()
+    };
+
+    // The first version has nothing to be tried beside: it goes live.
+    rt.block_on(record(&store, &tenant, 1, 4, 0));
+    train_until_idle(&text);
+    let first = live().version;
+    assert_eq!(on_trial(), None);
+
+    // The next is loaded and serves a fifth of the calls beside it.
+    rt.block_on(record(&store, &tenant, 1, 4, 0));
+    train_until_idle(&text);
+    let (second, percent) = on_trial().unwrap_or_else(|| panic!("no canary: {:?}", live()));
+    assert_eq!((live().version, percent), (first, 20));
+    assert_eq!(
+        calls("/v1/load_lora_adapter").last(),
+        Some(&format!("{tenant}@v{second}"))
+    );
+    assert!(calls("/v1/unload_lora_adapter").is_empty());
+
+    // Its users rate it about as well as the live version's: it replaces it.
+    rt.block_on(record_served(&store, &tenant, first, 1.0, 3));
+    rt.block_on(record_served(&store, &tenant, second, 0.9, 3));
+    train_until_idle(&text);
+    assert_eq!(live().version, second);
+    assert_eq!(
+        calls("/v1/unload_lora_adapter").first(),
+        Some(&format!("{tenant}@v{first}"))
+    );
+    assert_eq!(decisions().len(), 1);
+    assert_eq!(decisions()[0]["promoted"], true, "{:?}", decisions());
+    // The steps those ratings trained went into the next candidate, on trial now.
+    let (third, _) = on_trial().unwrap_or_else(|| panic!("no canary: {:?}", live()));
+    assert!(third > second);
+
+    // Its users rate it worse: it is dropped and unloaded, the live version stays.
+    rt.block_on(record_served(&store, &tenant, second, 1.0, 3));
+    rt.block_on(record_served(&store, &tenant, third, -1.0, 3));
+    train_until_idle(&text);
+    assert_eq!(live().version, second);
+    let last = decisions().pop().unwrap_or_default();
+    assert_eq!(
+        (last["promoted"].as_bool(), last["version"].as_u64()),
+        (Some(false), Some(third))
+    );
+    assert!(calls("/v1/unload_lora_adapter").contains(&format!("{tenant}@v{third}")));
+    assert!(adapters
+        .join(format!("{tenant}@v{third}"))
+        .join("adapter_config.json")
+        .is_file());
 }

@@ -4,7 +4,8 @@
 //! unloads that one — five times while agents stream through the sidecar, with not one failed
 //! request. A load vLLM refuses (no adapter in the folder: 404; a rank above `--max-lora-rank`:
 //! 500) leaves the previous version live. A rollback to version 2 then goes live the same way,
-//! as version 6 with version 2's weights, still with not one failed request.
+//! as version 6 with version 2's weights, and a canary (version 7) serves half the calls beside
+//! it and is dropped and unloaded — still with not one failed request.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -194,6 +195,40 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
     let missing = publisher.restore(&tenant, 42, 7).await;
     assert!(missing.is_err(), "a version never written was restored");
 
+    // A canary on trial for half the calls, then dropped: v6 serves them all again.
+    let model = base.clone();
+    let trial = publisher
+        .start_canary(&tenant, 7, 50, move |dir: &std::path::Path| {
+            write_adapter(&model, dir, 107, 4);
+            Ok::<(), std::io::Error>(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("putting v7 on trial: {e}"));
+    assert_eq!(trial.policy.version, 6);
+    assert!(trial.not_switched.is_empty(), "{:?}", trial.not_switched);
+    let at = served.load(Ordering::SeqCst);
+    while served.load(Ordering::SeqCst) < at + 6 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dropped = publisher
+        .drop_canary(&tenant)
+        .await
+        .unwrap_or_else(|e| panic!("dropping v7: {e}"));
+    assert!(
+        dropped.unload_failures.is_empty(),
+        "{:?}",
+        dropped.unload_failures
+    );
+    assert_eq!(
+        store
+            .policy_version(&tenant)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.canary),
+        None
+    );
+
     let at = served.load(Ordering::SeqCst);
     while served.load(Ordering::SeqCst) < at + 3 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -212,7 +247,7 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
     );
     let seen: std::collections::BTreeSet<&str> =
         outcomes.iter().filter_map(|o| o.as_deref().ok()).collect();
-    for version in [2, 3, 4, 5, 6] {
+    for version in [2, 3, 4, 5, 6, 7] {
         assert!(
             seen.contains(format!("default@v{version}").as_str()),
             "{seen:?}"
@@ -248,8 +283,11 @@ async fn five_versions_swap_into_vllm_under_streaming_load_and_a_refused_load_ch
             }
         }
     }
-    assert!(
-        policies.contains(&("default@v6".to_owned(), 6)),
-        "{policies:?}"
-    );
+    // The canary's calls are recorded as its own version's.
+    for (adapter, version) in [("default@v6", 6), ("default@v7", 7)] {
+        assert!(
+            policies.contains(&(adapter.to_owned(), version)),
+            "{policies:?}"
+        );
+    }
 }

@@ -91,6 +91,26 @@ pub struct PublishConfig {
     /// How often the sidecars are asked while waiting for the switch or the drain.
     #[serde(default = "defaults::poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// A new version serves a share of its tenant's calls first, and replaces the live version
+    /// only if its users' rewards hold up. Unset: a version goes live for all calls at once.
+    #[serde(default)]
+    pub canary: Option<CanaryConfig>,
+}
+
+/// `[publish.canary]`: the trial a new version stands before it replaces the live one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryConfig {
+    /// Of the tenant's calls the candidate serves meanwhile, 1-99.
+    pub percent: u8,
+    /// Rewarded steps each side (the candidate's, the live version's, counted from the trial's
+    /// start) before it is judged.
+    pub min_steps: usize,
+    /// The candidate's mean reward may be at most this far below the live version's.
+    pub max_drop: f64,
+    /// A candidate not judged by then (too few rewarded calls) is dropped.
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
 }
 
 impl PublishConfig {
@@ -107,6 +127,7 @@ impl PublishConfig {
             switch_timeout: defaults::switch_timeout(),
             drain_timeout: defaults::drain_timeout(),
             poll_interval: defaults::poll_interval(),
+            canary: None,
         }
     }
 
@@ -120,6 +141,26 @@ impl PublishConfig {
         }
         if self.poll_interval.is_zero() {
             return Err("`poll_interval` must be longer than zero".to_owned());
+        }
+        if let Some(canary) = &self.canary {
+            if !(1..=99).contains(&canary.percent) {
+                return Err(format!("`canary.percent` {} must be 1-99", canary.percent));
+            }
+            if canary.min_steps == 0 {
+                return Err("`canary.min_steps` must be at least 1".to_owned());
+            }
+            if !(canary.max_drop.is_finite() && canary.max_drop >= 0.0) {
+                return Err(format!(
+                    "`canary.max_drop` {} must be a number ≥ 0",
+                    canary.max_drop
+                ));
+            }
+            if self.mode != Mode::Lora {
+                return Err(
+                    "a canary needs `mode = lora`: full weights serve one version at a time"
+                        .to_owned(),
+                );
+            }
         }
         if let Mode::FullWeights { served_model } = &self.mode {
             if served_model.is_empty() {

@@ -20,6 +20,12 @@
 //!
 //! Each step's duration is returned ([`PublishTimings`]) for the trainer's metrics.
 //!
+//! A **canary** ([`Publisher::start_canary`]) is saved and loaded the same way, but the switch
+//! puts it on trial beside the live version (`PolicyVersion::canary`: the sidecars send it a
+//! share of the tenant's calls); [`Publisher::promote`] then makes it the live version (switch,
+//! drain and unload of the one it replaces), or [`Publisher::drop_canary`] ends the trial
+//! (switch back, drain and unload of the canary, whose folder stays on disk).
+//!
 //! A **rollback** ([`Publisher::restore`]) is a publish too: an earlier version's folder (every
 //! version made live keeps its folder under `adapter_root`) is copied to a new version, which
 //! goes through the same load, switch and drain. Versions only grow, so a sidecar never has to
@@ -33,11 +39,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clawback_datapool::{PolicyVersion, Store, TenantId, UnixMs, SCHEMA_VERSION};
+use clawback_datapool::{Canary, PolicyVersion, Store, TenantId, UnixMs, SCHEMA_VERSION};
 use futures_util::future::join_all;
 
 pub use backend::{BackendClient, BackendError};
-pub use config::{Backend, BackendKind, Mode, PublishConfig, Retry, Sidecar};
+pub use config::{Backend, BackendKind, CanaryConfig, Mode, PublishConfig, Retry, Sidecar};
 use sidecars::Sidecars;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -84,6 +90,11 @@ pub enum PublishError {
     },
     #[error("the datapool: {0}")]
     Store(#[from] clawback_datapool::Error),
+    #[error("tenant {tenant} has {what}")]
+    NoTrial {
+        tenant: TenantId,
+        what: &'static str,
+    },
     #[error("version {version} of tenant {tenant} is not on disk (no whole version in {dir})")]
     NoVersion {
         tenant: TenantId,
@@ -168,6 +179,10 @@ impl Publisher {
         })
     }
 
+    pub fn config(&self) -> &PublishConfig {
+        &self.config
+    }
+
     /// The name a version is loaded and routed under: `<tenant>@v<N>`.
     pub fn adapter_name(tenant: &TenantId, version: u64) -> String {
         format!("{tenant}@v{version}")
@@ -194,7 +209,161 @@ impl Publisher {
         E: Into<BoxError>,
     {
         let previous = self.store.policy_version(tenant).await?;
-        if let Some(live) = previous.as_ref().filter(|p| p.version >= version) {
+        let (name, mut timings, load_attempts) = self
+            .prepare(tenant, version, previous.as_ref(), write)
+            .await?;
+        let policy = PolicyVersion {
+            schema_version: SCHEMA_VERSION,
+            tenant: tenant.clone(),
+            adapter: self.served_name(&name).to_owned(),
+            version,
+            live_since: UnixMs::now(),
+            canary: None,
+        };
+        self.make_live(policy, previous, Some(&name), load_attempts, &mut timings)
+            .await
+    }
+
+    /// Puts `version` on trial beside the live version: saved and loaded as any version, then
+    /// `percent` of the tenant's calls go to it once every sidecar reports the trial. The
+    /// tenant must have a live version (the first version has nothing to be compared with).
+    pub async fn start_canary<W, E>(
+        &self,
+        tenant: &TenantId,
+        version: u64,
+        percent: u8,
+        write: W,
+    ) -> Result<Published, PublishError>
+    where
+        W: FnOnce(&Path) -> Result<(), E>,
+        E: Into<BoxError>,
+    {
+        let live =
+            self.store
+                .policy_version(tenant)
+                .await?
+                .ok_or_else(|| PublishError::NoTrial {
+                    tenant: tenant.clone(),
+                    what: "no live version to try a canary beside",
+                })?;
+        let (name, mut timings, load_attempts) =
+            self.prepare(tenant, version, Some(&live), write).await?;
+        let started = Instant::now();
+        let policy = live.with_canary(Some(Canary {
+            adapter: name.clone(),
+            version,
+            percent,
+            since: UnixMs::now(),
+        }));
+        if let Err(source) = self.store.set_policy_version(&policy).await {
+            let rollback_failures = self
+                .roll_back(tenant, &name, Some(&live), &self.backends)
+                .await;
+            return Err(PublishError::Switch {
+                source,
+                rollback_failures,
+            });
+        }
+        let not_switched = self
+            .sidecars
+            .wait_canary(tenant, Some(version), self.config.switch_timeout)
+            .await;
+        timings.switch = started.elapsed();
+        Ok(Published {
+            policy,
+            previous: Some(live),
+            timings,
+            load_attempts,
+            not_switched,
+            not_drained: Vec::new(),
+            unload_failures: Vec::new(),
+        })
+    }
+
+    /// Makes the tenant's canary its live version: switch, drain and unload of the version it
+    /// replaces, as a publish.
+    pub async fn promote(&self, tenant: &TenantId) -> Result<Published, PublishError> {
+        let (live, canary) = self.trial(tenant).await?;
+        let policy = PolicyVersion {
+            schema_version: SCHEMA_VERSION,
+            tenant: tenant.clone(),
+            adapter: canary.adapter.clone(),
+            version: canary.version,
+            live_since: UnixMs::now(),
+            canary: None,
+        };
+        let mut timings = PublishTimings::default();
+        // A failed switch leaves the canary on trial: it stays loaded.
+        self.make_live(policy, Some(live), None, 0, &mut timings)
+            .await
+    }
+
+    /// Ends the tenant's trial: every call goes to the live version again, and once the
+    /// canary's calls drained it is unloaded (its folder stays on disk).
+    pub async fn drop_canary(&self, tenant: &TenantId) -> Result<Published, PublishError> {
+        let (live, canary) = self.trial(tenant).await?;
+        let started = Instant::now();
+        let policy = live.with_canary(None);
+        self.store
+            .set_policy_version(&policy)
+            .await
+            .map_err(|source| PublishError::Switch {
+                source,
+                rollback_failures: Vec::new(),
+            })?;
+        let not_switched = self
+            .sidecars
+            .wait_canary(tenant, None, self.config.switch_timeout)
+            .await;
+        let switch = started.elapsed();
+        let started = Instant::now();
+        let not_drained = self
+            .sidecars
+            .wait_drained(&canary.adapter, self.config.drain_timeout)
+            .await;
+        let unload_failures = self.unload_everywhere(&canary.adapter).await;
+        Ok(Published {
+            policy,
+            previous: Some(live),
+            timings: PublishTimings {
+                switch,
+                drain: started.elapsed(),
+                ..PublishTimings::default()
+            },
+            load_attempts: 0,
+            not_switched,
+            not_drained,
+            unload_failures,
+        })
+    }
+
+    /// The tenant's live version and the canary on trial beside it.
+    async fn trial(&self, tenant: &TenantId) -> Result<(PolicyVersion, Canary), PublishError> {
+        let live = self.store.policy_version(tenant).await?;
+        match live.and_then(|live| Some((live.with_canary(None), live.canary?))) {
+            Some(trial) => Ok(trial),
+            None => Err(PublishError::NoTrial {
+                tenant: tenant.clone(),
+                what: "no canary on trial",
+            }),
+        }
+    }
+
+    /// Checks that `version` is newer than the live one, saves it and loads it into every
+    /// backend: the steps before a switch. Returns its name, the timings so far and the load
+    /// calls made.
+    async fn prepare<W, E>(
+        &self,
+        tenant: &TenantId,
+        version: u64,
+        previous: Option<&PolicyVersion>,
+        write: W,
+    ) -> Result<(String, PublishTimings, u32), PublishError>
+    where
+        W: FnOnce(&Path) -> Result<(), E>,
+        E: Into<BoxError>,
+    {
+        if let Some(live) = previous.filter(|p| p.version >= version) {
             return Err(PublishError::NotNewer {
                 tenant: tenant.clone(),
                 attempted: version,
@@ -209,24 +378,36 @@ impl Publisher {
         let save = started.elapsed();
 
         let started = Instant::now();
-        let load_attempts = self
-            .load(tenant, &name, &dir, version, previous.as_ref())
-            .await?;
-        let load = started.elapsed();
-
-        let started = Instant::now();
-        let policy = PolicyVersion {
-            schema_version: SCHEMA_VERSION,
-            tenant: tenant.clone(),
-            adapter: self.served_name(&name).to_owned(),
-            version,
-            live_since: UnixMs::now(),
-            canary: None,
+        let load_attempts = self.load(tenant, &name, &dir, version, previous).await?;
+        let timings = PublishTimings {
+            save,
+            load: started.elapsed(),
+            ..PublishTimings::default()
         };
+        Ok((name, timings, load_attempts))
+    }
+
+    /// Switches the tenant to `policy` (its adapter loaded), waits for the sidecars, drains and
+    /// unloads the version it replaces. A failed switch unloads `loaded` (the adapter loaded for
+    /// this switch) again.
+    async fn make_live(
+        &self,
+        policy: PolicyVersion,
+        previous: Option<PolicyVersion>,
+        loaded: Option<&str>,
+        load_attempts: u32,
+        timings: &mut PublishTimings,
+    ) -> Result<Published, PublishError> {
+        let tenant = &policy.tenant;
+        let started = Instant::now();
         if let Err(source) = self.store.set_policy_version(&policy).await {
-            let rollback_failures = self
-                .roll_back(tenant, &name, previous.as_ref(), &self.backends)
-                .await;
+            let rollback_failures = match loaded {
+                Some(name) => {
+                    self.roll_back(tenant, name, previous.as_ref(), &self.backends)
+                        .await
+                }
+                None => Vec::new(),
+            };
             return Err(PublishError::Switch {
                 source,
                 rollback_failures,
@@ -234,9 +415,9 @@ impl Publisher {
         }
         let not_switched = self
             .sidecars
-            .wait_live(tenant, version, self.config.switch_timeout)
+            .wait_live(tenant, policy.version, self.config.switch_timeout)
             .await;
-        let switch = started.elapsed();
+        timings.switch = started.elapsed();
 
         let started = Instant::now();
         let (not_drained, unload_failures) = match (&self.config.mode, &previous) {
@@ -249,17 +430,12 @@ impl Publisher {
             }
             _ => (Vec::new(), Vec::new()),
         };
-        let drain = started.elapsed();
+        timings.drain = started.elapsed();
 
         Ok(Published {
             policy,
             previous,
-            timings: PublishTimings {
-                save,
-                load,
-                switch,
-                drain,
-            },
+            timings: *timings,
             load_attempts,
             not_switched,
             not_drained,

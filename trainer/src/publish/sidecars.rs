@@ -41,6 +41,24 @@ impl Sidecars {
         .await
     }
 
+    /// Waits until every sidecar has `tenant`'s canary at `version` on trial (`None`: no canary);
+    /// returns the ones that did not within `limit`.
+    pub async fn wait_canary(
+        &self,
+        tenant: &TenantId,
+        version: Option<u64>,
+        limit: Duration,
+    ) -> Vec<String> {
+        self.wait_all(limit, |answer| {
+            answer
+                .policies
+                .iter()
+                .find(|p| &p.tenant == tenant)
+                .is_some_and(|p| p.canary.as_ref().map(|c| c.version) == version)
+        })
+        .await
+    }
+
     /// Waits until no sidecar has a call in flight on `adapter`; returns the ones where calls
     /// were still running (or that did not answer) after `limit`.
     pub async fn wait_drained(&self, adapter: &str, limit: Duration) -> Vec<String> {

@@ -620,10 +620,41 @@ mod tests {
         assert_eq!(publish.backends.len(), 1);
         assert_eq!(publish.sidecars.len(), 1);
         assert_eq!(publish.drain_timeout, Duration::from_secs(300));
+        let canary = publish
+            .canary
+            .unwrap_or_else(|| panic!("the example has a canary"));
+        assert_eq!((canary.percent, canary.min_steps), (10, 50));
         let gate = c.gate.unwrap_or_else(|| panic!("the example has [gate]"));
         assert_eq!(gate.sets.len(), 2);
         assert_eq!(gate.sets[0].max_drop_from_base, Some(2));
         assert!(gate.sets[1].applies_to(&acme));
+    }
+
+    #[test]
+    fn a_canary_outside_its_bounds_is_refused_by_its_key() {
+        let base = "model = \"m\"\ndatapool = \"d\"\n[publish]\nadapter_root = \"a\"\n\
+                    [[publish.backends]]\nkind = \"vllm\"\nurl = \"http://v\"\n";
+        for (canary, key) in [
+            (
+                "percent = 0\nmin_steps = 5\nmax_drop = 0.1\nmax_wait = \"1h\"",
+                "percent",
+            ),
+            (
+                "percent = 100\nmin_steps = 5\nmax_drop = 0.1\nmax_wait = \"1h\"",
+                "percent",
+            ),
+            (
+                "percent = 10\nmin_steps = 0\nmax_drop = 0.1\nmax_wait = \"1h\"",
+                "min_steps",
+            ),
+            (
+                "percent = 10\nmin_steps = 5\nmax_drop = -1.0\nmax_wait = \"1h\"",
+                "max_drop",
+            ),
+        ] {
+            let err = error_of(&format!("{base}[publish.canary]\n{canary}\n"));
+            assert!(err.contains(key), "{canary}: {err}");
+        }
     }
 
     #[test]

@@ -746,6 +746,30 @@ impl Metrics {
         self.append(&serde_json::json!({ "rollback": order }));
     }
 
+    /// Reports a canary put on trial (or a start that failed: the live version serves on alone):
+    /// the line, always, and `{"trial": {...}}` (the publish's timings) in the JSONL log.
+    pub fn record_trial(&mut self, report: &PublishReport, percent: u8) {
+        match &report.error {
+            None => println!(
+                "[{}] {} on trial for {percent}% of calls (save {:.3}s, load {:.3}s, switch {:.3}s)",
+                report.tenant,
+                report.adapter,
+                report.save_seconds,
+                report.load_seconds,
+                report.switch_seconds
+            ),
+            Some(_) => println!("{}", report.line()),
+        }
+        self.append(&serde_json::json!({ "trial": report }));
+    }
+
+    /// Reports a canary's trial ending: the line, always, and `{"canary": {...}}` in the JSONL
+    /// log.
+    pub fn record_canary(&mut self, decision: &crate::train::canary::CanaryDecision) {
+        println!("{}", decision.line());
+        self.append(&serde_json::json!({ "canary": decision }));
+    }
+
     /// Counts a candidate the gate could not judge (it was not published).
     pub fn record_gate_failure(&mut self, tenant: &TenantId) {
         if let Ok(mut prom) = self.prom.lock() {

@@ -9,6 +9,7 @@
 //! | `run.rs` | the loop: read, ingest, step, checkpoint, ack, stop on signals |
 //! | `tenant.rs` | one tenant's adapter, optimizer, queue and exactly-once bookkeeping |
 //! | `advantages.rs` | a delivery's trajectories → rewards → samples with advantages and teacher prompts |
+//! | `canary.rs` | a candidate on trial: its users' rewards beside the live version's, and the rule |
 //! | `batch.rs` | micro-batches under a token budget, laid out as loss tensors |
 //! | `text.rs` | re-tokenising text-only steps, hint-augmented teacher prompts |
 //! | `checkpoint.rs` | atomic checkpoints: PEFT adapter, optimizer moments, state |
@@ -17,6 +18,7 @@
 
 pub mod advantages;
 pub mod batch;
+pub mod canary;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -14,14 +14,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clawback_datapool::{
-    Consumer, DeliveryId, LocalStore, ReadyItem, RedisConfig, RedisStore, RollbackOutcome, Store,
-    TenantId, TrajectoryRecord, UnixMs,
+    Consumer, DeliveryId, LocalStore, PolicyVersion, ReadyItem, RedisConfig, RedisStore,
+    RollbackOutcome, Store, TenantId, TrajectoryRecord, UnixMs,
 };
 use tokio::runtime::Runtime;
 
 use crate::gate::{Decision, Gate, GateError};
 use crate::publish::{PublishError, Published, Publisher};
 use crate::sampler::EngineDefaults;
+use crate::train::canary::Trial;
 use crate::train::config::{Tenants, TrainConfig};
 use crate::train::error::TrainError;
 use crate::train::metrics::{Metrics, PublishReport};
@@ -153,6 +154,7 @@ pub fn run(
         trainers: BTreeMap::new(),
         publisher,
         gate,
+        trials: BTreeMap::new(),
         summary: Summary::default(),
         exit_when_idle: options.exit_when_idle,
     };
@@ -194,6 +196,8 @@ struct Loop<'a> {
     trainers: BTreeMap<TenantId, TenantTrainer>,
     publisher: Option<Publisher>,
     gate: Option<Gate>,
+    /// Canaries on trial, per tenant (with `[publish.canary]`).
+    trials: BTreeMap<TenantId, Trial>,
     summary: Summary,
     /// A batch job does not wait `batch.max_wait` for a fuller step: it trains what is there.
     exit_when_idle: bool,
@@ -278,11 +282,12 @@ impl Loop<'_> {
             .map_err(TrainError::datapool("read of the ready queue"))?;
         let idle = deliveries.is_empty();
         let mut busy = !idle || rolled_back;
-        let current_version = self
+        let live = self
             .rt
             .block_on(self.store.policy_version(tenant))
-            .map_err(TrainError::datapool("policy version lookup"))?
-            .map(|p| p.version);
+            .map_err(TrainError::datapool("policy version lookup"))?;
+        self.follow_trial(tenant, live.as_ref());
+        let current_version = live.map(|p| p.version);
         let weights = self.config.reward_weights(tenant);
         let options = score_options(
             self.config,
@@ -305,6 +310,9 @@ impl Loop<'_> {
             };
             match loaded {
                 Some((records, is_group)) => {
+                    if let Some(trial) = self.trials.get_mut(tenant) {
+                        trial.count(&records, &weights);
+                    }
                     trainer.ingest(delivery.id, &records, is_group, &options)
                 }
                 None => trainer.missing(delivery.id),
@@ -335,6 +343,7 @@ impl Loop<'_> {
                 self.checkpoint(tenant)?;
             }
         }
+        busy |= self.judge_trial(tenant);
         if let Some(trainer) = self.trainers.get(tenant) {
             if idle
                 && !trainer.has_queued()
@@ -372,6 +381,11 @@ impl Loop<'_> {
         let (Some(publisher), Some(trainer)) = (&self.publisher, self.trainers.get(tenant)) else {
             return;
         };
+        if self.trials.contains_key(tenant) {
+            // One candidate on trial at a time: the next checkpoint after its decision is the
+            // next candidate.
+            return;
+        }
         let version = trainer.optimizer_steps();
         if let (Some(gate), Some(text)) = (&mut self.gate, self.text) {
             if gate.applies_to(tenant) {
@@ -409,10 +423,90 @@ impl Loop<'_> {
         let (Some(publisher), Some(trainer)) = (&self.publisher, self.trainers.get(tenant)) else {
             return;
         };
-        let outcome = self.rt.block_on(publisher.publish(tenant, version, |dir| {
-            trainer.save_adapter(dir, &self.base_model)
-        }));
+        let write = |dir: &std::path::Path| trainer.save_adapter(dir, &self.base_model);
+        let live = self
+            .rt
+            .block_on(self.store.policy_version(tenant))
+            .ok()
+            .flatten();
+        if let (Some(rule), Some(live)) = (&publisher.config().canary, live) {
+            let outcome =
+                self.rt
+                    .block_on(publisher.start_canary(tenant, version, rule.percent, write));
+            if outcome.is_ok() {
+                self.trials
+                    .insert(tenant.clone(), Trial::new(live.version, version));
+            }
+            let report = PublishReport {
+                // The policy it switched to is the live version's, with this one on trial.
+                adapter: Publisher::adapter_name(tenant, version),
+                ..PublishReport::of(tenant, version, &outcome)
+            };
+            self.metrics.record_trial(&report, rule.percent);
+            return;
+        }
+        let outcome = self.rt.block_on(publisher.publish(tenant, version, write));
         self.report_publish(tenant, version, &outcome);
+    }
+
+    /// Keeps the trials in step with the tenant's policy: a canary the datapool shows and the
+    /// loop does not know (a restart) is tried again from now; one it no longer shows (a
+    /// rollback ended it) is forgotten.
+    fn follow_trial(&mut self, tenant: &TenantId, live: Option<&PolicyVersion>) {
+        let shown = live.and_then(|p| Some((p.version, p.canary.as_ref()?.version)));
+        let known = self.trials.get(tenant).map(|t| (t.live, t.version));
+        match shown {
+            Some(_) if shown == known => {}
+            Some((live, version)) if self.publisher.is_some() => {
+                self.trials
+                    .insert(tenant.clone(), Trial::new(live, version));
+            }
+            _ => {
+                self.trials.remove(tenant);
+            }
+        }
+    }
+
+    /// Promotes or drops the tenant's canary once the rule decides; returns whether it did.
+    fn judge_trial(&mut self, tenant: &TenantId) -> bool {
+        let (Some(publisher), Some(trial)) = (&self.publisher, self.trials.get(tenant)) else {
+            return false;
+        };
+        let decision = match &publisher.config().canary {
+            Some(rule) => trial.judge(tenant, rule),
+            // A canary left by a run configured with one: nothing to judge it by here.
+            None => Some(trial.decided(
+                tenant,
+                false,
+                "no [publish.canary] to judge it by".to_owned(),
+            )),
+        };
+        let Some(decision) = decision else {
+            return false;
+        };
+        let outcome = if decision.promoted {
+            self.rt.block_on(publisher.promote(tenant))
+        } else {
+            self.rt.block_on(publisher.drop_canary(tenant))
+        };
+        match outcome {
+            Ok(published) => {
+                self.trials.remove(tenant);
+                self.metrics.record_canary(&decision);
+                if decision.promoted {
+                    self.report_publish(tenant, decision.version, &Ok(published));
+                }
+                true
+            }
+            // The trial goes on; the next round tries again.
+            Err(e) => {
+                eprintln!(
+                    "clawback-trainer: ending {tenant}'s canary v{} failed: {e}",
+                    decision.version
+                );
+                false
+            }
+        }
     }
 
     fn report_publish(
@@ -464,6 +558,15 @@ impl Loop<'_> {
                 "this trainer publishes nothing (its config has no [publish])".to_owned(),
             ));
         };
+        if self.trials.contains_key(tenant) {
+            // The operator goes back: the candidate on trial goes too.
+            if let Err(e) = self.rt.block_on(publisher.drop_canary(tenant)) {
+                return Ok(Err(format!(
+                    "the canary on trial could not be dropped: {e}"
+                )));
+            }
+            self.trials.remove(tenant);
+        }
         let live = self
             .rt
             .block_on(self.store.policy_version(tenant))

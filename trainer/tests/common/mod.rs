@@ -218,6 +218,29 @@ pub async fn record(
     out
 }
 
+/// Records `count` single trajectories whose steps `version` served, each rewarded `reward` by
+/// its user (the outcome).
+pub async fn record_served(
+    store: &dyn Store,
+    tenant: &TenantId,
+    version: u64,
+    reward: f64,
+    count: usize,
+) {
+    for n in 0..count {
+        let traj = Trajectory::open(tenant.clone(), TrajectoryId::new());
+        let mut steps = recorded_steps(tenant, traj.id, 11 + n as u32);
+        for step in &mut steps {
+            step.policy = Some(clawback_datapool::PolicyRef {
+                adapter: format!("{tenant}@v{version}"),
+                version,
+            });
+        }
+        let evaluations = [feedback(tenant, traj.id, reward)];
+        write_trajectory(store, &traj, &steps, &evaluations).await;
+    }
+}
+
 /// Stores a trajectory with its steps and evaluations, and completes it (enqueueing it, or
 /// its group once every member is complete).
 pub async fn write_trajectory(
