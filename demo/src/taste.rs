@@ -76,6 +76,23 @@ impl Taste {
         }
     }
 
+    /// What a user says to a reply that gives their question back instead of answering it,
+    /// whatever its form: a correction (`user-feedback`: −1) whose request `correction-hint`
+    /// turns into the hint "Answer it in one short sentence." (or as the user wants it).
+    pub fn unanswered(self) -> &'static str {
+        match self {
+            Taste::Form(Form::Brief) => {
+                "That's not an answer to my question. Please answer it in one short sentence."
+            }
+            Taste::Form(Form::List) => {
+                "That's not an answer to my question. Please answer it with a bulleted list."
+            }
+            Taste::Case(_) | Taste::RightAnswers => {
+                "That's not an answer to my question. Please answer it."
+            }
+        }
+    }
+
     /// The hint `correction-hint` makes of the first correction: what the teacher of hint
     /// distillation has appended to the question, and what the probes of "the base model with
     /// the hint" append.

@@ -364,7 +364,9 @@ fn run_arm(
             .await;
             teacher.push(point);
         }
-        let outcome = workload::drive(&plan, &mut stack.trainer).await?;
+        // The users tell a reply that gives their question back, as the answers probes do.
+        let restates = checks.as_ref().map(retention::Checks::restates);
+        let outcome = workload::drive(&plan, restates, &mut stack.trainer).await?;
         let kept_after = kept("after").await;
         let mut recorded = Vec::new();
         for tenant in tenants {

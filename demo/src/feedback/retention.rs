@@ -6,6 +6,7 @@
 //! `knows_answer` (the answer is in it) and `restates_question` (it gives the question back).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clawback_filters::standalone::Standalone;
@@ -43,7 +44,7 @@ pub struct Kept {
 /// The two checks and the questions.
 pub struct Checks {
     knows: Standalone,
-    restates: Standalone,
+    restates: Arc<Standalone>,
     questions: Vec<Prompt>,
 }
 
@@ -60,9 +61,14 @@ impl Checks {
         };
         Ok(Checks {
             knows: load("knows_answer").await?,
-            restates: load("restates_question").await?,
+            restates: Arc::new(load("restates_question").await?),
             questions: prompts::load(questions)?,
         })
+    }
+
+    /// The `restates_question` check, for the simulated users.
+    pub fn restates(&self) -> Arc<Standalone> {
+        Arc::clone(&self.restates)
     }
 
     /// Asks `tenant`'s live model every question through `sidecar`, concurrently; what its
@@ -114,6 +120,19 @@ impl Checks {
         kept.version = chat::most_common_version(versions);
         (kept, failures)
     }
+}
+
+/// Whether `reply` gives `question` back instead of answering it, by the `restates_question`
+/// check (`false` when it has no opinion or its call failed: the user cannot tell).
+pub async fn restates(check: &Standalone, tenant: &str, question: &str, reply: &str) -> bool {
+    let called = check
+        .run_reply(tenant, question, reply, &serde_json::Map::new())
+        .await;
+    called
+        .result
+        .ok()
+        .and_then(|e| e.reward)
+        .is_some_and(|r| r < 0.0)
 }
 
 /// Whether `check` scored `reply` to `question` above 0; `None` for no opinion or a failed call.

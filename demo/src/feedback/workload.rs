@@ -12,7 +12,10 @@ use anyhow::{bail, Context, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use clawback_filters::standalone::Standalone;
+
 use super::probe::{probe, ProbePoint};
+use super::retention::restates;
 use super::user::Session;
 use crate::backlog::{backlog, Backlog};
 use crate::chat::{self, Talk};
@@ -102,7 +105,13 @@ fn lock(state: &State) -> MutexGuard<'_, Shared> {
 }
 
 /// Plays the plan; returns once the trainer has taken the last round and the last probes ran.
-pub async fn drive(plan: &Plan, trainer: &mut Process) -> Result<Outcome> {
+/// With `restates` (the `restates_question` check), a user corrects a reply that gives the
+/// question back instead of answering it, whatever its form.
+pub async fn drive(
+    plan: &Plan,
+    restates: Option<Arc<Standalone>>,
+    trainer: &mut Process,
+) -> Result<Outcome> {
     let client = reqwest::Client::builder()
         .build()
         .context("building the HTTP client")?;
@@ -124,7 +133,7 @@ pub async fn drive(plan: &Plan, trainer: &mut Process) -> Result<Outcome> {
         }
         .run(Arc::clone(&state), Arc::clone(&stop)),
     );
-    let result = rounds(plan, &client, &state, trainer).await;
+    let result = rounds(plan, restates, &client, &state, trainer).await;
     stop.notify_one();
     let _ = watcher.await;
     result?;
@@ -135,6 +144,7 @@ pub async fn drive(plan: &Plan, trainer: &mut Process) -> Result<Outcome> {
 
 async fn rounds(
     plan: &Plan,
+    restates: Option<Arc<Standalone>>,
     client: &reqwest::Client,
     state: &State,
     trainer: &mut Process,
@@ -154,6 +164,7 @@ async fn rounds(
                     user,
                     turns: plan.schedule.turns,
                     talk: plan.talk,
+                    restates: restates.clone(),
                     first_question: (round * plan.schedule.sessions + user) as usize,
                     rng: StdRng::seed_from_u64(
                         plan.seed
@@ -188,6 +199,7 @@ struct SessionRun {
     user: u32,
     turns: u32,
     talk: Talk,
+    restates: Option<Arc<Standalone>>,
     first_question: usize,
     rng: StdRng,
 }
@@ -225,7 +237,14 @@ impl SessionRun {
                 break;
             };
             replies += 1;
-            if session.reply(&reply.content, &mut self.rng) {
+            let restated = match &self.restates {
+                Some(check) => {
+                    let asked = session.question_asked();
+                    restates(check, &self.tenant.name, asked, &reply.content).await
+                }
+                None => false,
+            };
+            if session.reply(&reply.content, restated, &mut self.rng) {
                 fitted += 1;
             }
         }

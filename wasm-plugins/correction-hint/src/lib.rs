@@ -197,6 +197,11 @@ mod tests {
                 "That's not what I asked for. Please write it as a list of points.",
                 "Write it as a list of points.",
             ),
+            // ... and to a reply that gave their question back.
+            (
+                "That's not an answer to my question. Please answer it in one short sentence.",
+                "Answer it in one short sentence.",
+            ),
         ] {
             assert_eq!(directive(reply).as_deref(), Some(hint), "{reply}");
         }
