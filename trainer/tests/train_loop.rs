@@ -506,19 +506,7 @@ fn each_checkpoint_is_published_loaded_into_the_backend_and_made_live() {
     let recorded = rt.block_on(record(&store, &tenant, 2, 4, 3));
     let (vllm, received) = fake_vllm();
     let adapters = dir.path().join("adapters");
-
-    let text = config_text(
-        dir.path(),
-        &model,
-        &data.display().to_string(),
-        &tenant,
-        &format!(
-            "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\n\
-             max_seq_len = 128\n\n[publish]\nadapter_root = \"{}\"\n\n[[publish.backends]]\n\
-             kind = \"vllm\"\nurl = \"{vllm}\"\n",
-            adapters.display()
-        ),
-    );
+    let text = publishing_config(dir.path(), &model, &data, &tenant, &vllm, "");
     let summary = train_until_idle(&text);
     assert_trained_everything(dir.path(), &model, &tenant, &recorded);
 
@@ -568,6 +556,41 @@ fn each_checkpoint_is_published_loaded_into_the_backend_and_made_live() {
     assert!(published[0]["load_seconds"].as_f64().is_some());
 }
 
+/// A config that trains `tenant` from the embedded store in `data` on every 4 samples and
+/// publishes each checkpoint into the stand-in vLLM at `vllm` (adapters under `dir/adapters`);
+/// `publish_sections` adds sections such as `[publish.canary]`.
+fn publishing_config(
+    dir: &Path,
+    model: &Path,
+    data: &Path,
+    tenant: &TenantId,
+    vllm: &str,
+    publish_sections: &str,
+) -> String {
+    config_text(
+        dir,
+        model,
+        &data.display().to_string(),
+        tenant,
+        &format!(
+            "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\n\
+             max_seq_len = 128\n\n[publish]\nadapter_root = \"{}\"\n\n{publish_sections}\n\
+             [[publish.backends]]\nkind = \"vllm\"\nurl = \"{vllm}\"\n",
+            dir.join("adapters").display()
+        ),
+    )
+}
+
+/// The `lora_name` of every call to `path` the stand-in vLLM received, in order.
+fn lora_names(received: &Received, path: &str) -> Vec<String> {
+    let calls = received.lock().map(|r| r.clone()).unwrap_or_default();
+    calls
+        .iter()
+        .filter(|(p, _)| p == path)
+        .filter_map(|(_, body)| body["lora_name"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// The bytes of a published version's adapter weights.
 fn weights(adapters: &Path, tenant: &TenantId, version: u64) -> Vec<u8> {
     let file = adapters
@@ -584,18 +607,7 @@ fn an_operators_rollback_makes_an_earlier_version_live_again_and_training_contin
     let rt = runtime();
     let (vllm, received) = fake_vllm();
     let adapters = dir.path().join("adapters");
-    let text = config_text(
-        dir.path(),
-        &model,
-        &data.display().to_string(),
-        &tenant,
-        &format!(
-            "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\n\
-             max_seq_len = 128\n\n[publish]\nadapter_root = \"{}\"\n\n[[publish.backends]]\n\
-             kind = \"vllm\"\nurl = \"{vllm}\"\n",
-            adapters.display()
-        ),
-    );
+    let text = publishing_config(dir.path(), &model, &data, &tenant, &vllm, "");
     let live = || {
         rt.block_on(store.policy_version(&tenant))
             .unwrap_or_else(|e| panic!("{e}"))
@@ -648,14 +660,7 @@ fn an_operators_rollback_makes_an_earlier_version_live_again_and_training_contin
         weights(&adapters, &tenant, restored),
         weights(&adapters, &tenant, first)
     );
-    let calls = received.lock().map(|r| r.clone()).unwrap_or_default();
-    let named = |path: &str| -> Vec<String> {
-        calls
-            .iter()
-            .filter(|(p, _)| p == path)
-            .filter_map(|(_, body)| body["lora_name"].as_str().map(str::to_owned))
-            .collect()
-    };
+    let named = |path: &str| lora_names(&received, path);
     assert_eq!(
         named("/v1/load_lora_adapter").last(),
         Some(&format!("{tenant}@v{restored}"))
@@ -708,33 +713,16 @@ fn a_canary_serves_beside_the_live_version_and_its_users_rewards_promote_or_drop
     let rt = runtime();
     let (vllm, received) = fake_vllm();
     let adapters = dir.path().join("adapters");
-    let text = config_text(
-        dir.path(),
-        &model,
-        &data.display().to_string(),
-        &tenant,
-        &format!(
-            "[batch]\nmax_wait = \"0s\"\nsamples_per_step = 4\nmicro_batch_tokens = 128\n\
-             max_seq_len = 128\n\n[publish]\nadapter_root = \"{}\"\n\n[publish.canary]\n\
-             percent = 20\nmin_steps = 4\nmax_drop = 0.2\nmax_wait = \"1h\"\n\n\
-             [[publish.backends]]\nkind = \"vllm\"\nurl = \"{vllm}\"\n",
-            adapters.display()
-        ),
-    );
+    let canary =
+        "[publish.canary]\npercent = 20\nmin_steps = 4\nmax_drop = 0.2\nmax_wait = \"1h\"\n";
+    let text = publishing_config(dir.path(), &model, &data, &tenant, &vllm, canary);
     let live = || {
         rt.block_on(store.policy_version(&tenant))
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no live policy"))
     };
     let on_trial = || live().canary.map(|c| (c.version, c.percent));
-    let calls = |path: &str| -> Vec<String> {
-        let calls = received.lock().map(|r| r.clone()).unwrap_or_default();
-        calls
-            .iter()
-            .filter(|(p, _)| p == path)
-            .filter_map(|(_, body)| body["lora_name"].as_str().map(str::to_owned))
-            .collect()
-    };
+    let calls = |path: &str| lora_names(&received, path);
     let decisions = || -> Vec<serde_json::Value> {
         jsonl(&dir.path().join("metrics.jsonl"))
             .into_iter()
