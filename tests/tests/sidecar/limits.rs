@@ -331,6 +331,29 @@ fn upload_head(path: &str, key: &str, length: usize) -> String {
 /// it), one after another, until the sidecar refuses one; the uploads it holds and the refusal. Each
 /// upload is known held when `tenant`'s count in `shares` went up, refused when its answer
 /// arrived: no wait depends on the host's speed.
+/// Each attacker's slow uploads (see [`slow_uploads_until_refused`]), held open; each attacker's
+/// refusal must be a 429 with `code` and a `Retry-After`.
+async fn attack_until_refused(
+    addr: std::net::SocketAddr,
+    shares: &Shares,
+    attackers: &[(&str, &str)],
+    upload: (&str, usize),
+    code: &str,
+) -> Vec<Vec<TcpStream>> {
+    let mut attack = Vec::new();
+    for &attacker in attackers {
+        let (uploads, refusal) = slow_uploads_until_refused(addr, shares, attacker, upload).await;
+        assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
+        assert!(refusal.contains("retry-after: 1"), "{refusal}");
+        assert!(
+            refusal.contains(&format!("\"code\":\"{code}\"")),
+            "{refusal}"
+        );
+        attack.push(uploads);
+    }
+    attack
+}
+
 async fn slow_uploads_until_refused(
     addr: std::net::SocketAddr,
     shares: &Shares,
@@ -446,22 +469,19 @@ async fn two_colluding_tenants_and_the_default_tenant_leave_eight_honest_tenants
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
 
     let sidecar = Sidecar::start(config().0).await;
-    let mut attack = Vec::new();
-    for (key, tenant) in [
+    let attackers = [
         ("sk-eve", "eve"),
         ("sk-mallory", "mallory"),
         ("sk-junk-1", "default"),
-    ] {
-        let (uploads, refusal) = slow_uploads_until_refused(
-            sidecar.addr,
-            &sidecar.app.calls,
-            (key, tenant),
-            (CHAT, 100_000),
-        )
-        .await;
-        assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
-        attack.push(uploads);
-    }
+    ];
+    let attack = attack_until_refused(
+        sidecar.addr,
+        &sidecar.app.calls,
+        &attackers,
+        (CHAT, 100_000),
+        "tenant_overloaded",
+    )
+    .await;
     let held: Vec<usize> = attack.iter().map(Vec::len).collect();
     assert_eq!(held, [32, 11, 5]);
     let (statuses, mut abused) = honest_load(&sidecar, &honest, 10).await;
@@ -534,22 +554,19 @@ async fn colluding_tenants_declaring_large_bodies_hold_only_their_share_of_the_b
     let sidecar = Sidecar::start(config).await;
 
     let bytes = &sidecar.app.bytes;
-    let mut attack = Vec::new();
-    for attacker in [
+    let attackers = [
         ("sk-eve", "eve"),
         ("sk-mallory", "mallory"),
         ("sk-junk", "default"),
-    ] {
-        let (uploads, refusal) =
-            slow_uploads_until_refused(sidecar.addr, bytes, attacker, (CHAT, QUARTER_MIB)).await;
-        assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
-        assert!(refusal.contains("retry-after: 1"), "{refusal}");
-        assert!(
-            refusal.contains("\"code\":\"tenant_buffers_full\""),
-            "{refusal}"
-        );
-        attack.push(uploads);
-    }
+    ];
+    let attack = attack_until_refused(
+        sidecar.addr,
+        bytes,
+        &attackers,
+        (CHAT, QUARTER_MIB),
+        "tenant_buffers_full",
+    )
+    .await;
     let held: Vec<usize> = attack.iter().map(Vec::len).collect();
     assert_eq!(held, [8, 2, 2]);
 
@@ -605,17 +622,15 @@ async fn slow_control_uploads_hold_their_tenants_share_and_the_admin_port_has_it
     let sidecar = Sidecar::start(config).await;
     let calls = &sidecar.app.calls;
 
-    let mut attack = Vec::new();
-    for attacker in [("sk-eve", "eve"), ("sk-junk", "default")] {
-        let (uploads, refusal) =
-            slow_uploads_until_refused(sidecar.addr, calls, attacker, (INIT, 100_000)).await;
-        assert!(refusal.starts_with("HTTP/1.1 429"), "{refusal}");
-        assert!(
-            refusal.contains("\"code\":\"tenant_overloaded\""),
-            "{refusal}"
-        );
-        attack.push(uploads);
-    }
+    let attackers = [("sk-eve", "eve"), ("sk-junk", "default")];
+    let attack = attack_until_refused(
+        sidecar.addr,
+        calls,
+        &attackers,
+        (INIT, 100_000),
+        "tenant_overloaded",
+    )
+    .await;
     let held: Vec<usize> = attack.iter().map(Vec::len).collect();
     assert_eq!(held, [4, 2]);
     // Eve's viewer token is eve: its upload is refused as it is announced.
