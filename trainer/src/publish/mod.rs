@@ -255,15 +255,7 @@ impl Publisher {
             percent,
             since: UnixMs::now(),
         }));
-        if let Err(source) = self.store.set_policy_version(&policy).await {
-            let rollback_failures = self
-                .roll_back(tenant, &name, Some(&live), &self.backends)
-                .await;
-            return Err(PublishError::Switch {
-                source,
-                rollback_failures,
-            });
-        }
+        self.switch(&policy, Some(&name), Some(&live)).await?;
         let not_switched = self
             .sidecars
             .wait_canary(tenant, Some(version), self.config.switch_timeout)
@@ -304,13 +296,7 @@ impl Publisher {
         let (live, canary) = self.trial(tenant).await?;
         let started = Instant::now();
         let policy = live.with_canary(None);
-        self.store
-            .set_policy_version(&policy)
-            .await
-            .map_err(|source| PublishError::Switch {
-                source,
-                rollback_failures: Vec::new(),
-            })?;
+        self.switch(&policy, None, None).await?;
         let not_switched = self
             .sidecars
             .wait_canary(tenant, None, self.config.switch_timeout)
@@ -400,19 +386,7 @@ impl Publisher {
     ) -> Result<Published, PublishError> {
         let tenant = &policy.tenant;
         let started = Instant::now();
-        if let Err(source) = self.store.set_policy_version(&policy).await {
-            let rollback_failures = match loaded {
-                Some(name) => {
-                    self.roll_back(tenant, name, previous.as_ref(), &self.backends)
-                        .await
-                }
-                None => Vec::new(),
-            };
-            return Err(PublishError::Switch {
-                source,
-                rollback_failures,
-            });
-        }
+        self.switch(&policy, loaded, previous.as_ref()).await?;
         let not_switched = self
             .sidecars
             .wait_live(tenant, policy.version, self.config.switch_timeout)
@@ -523,6 +497,31 @@ impl Publisher {
             },
             total: self.backends.len(),
             failures,
+            rollback_failures,
+        })
+    }
+
+    /// Writes `policy` to the datapool: the switch every sidecar follows. When that fails,
+    /// `loaded` (the adapter loaded for this switch) is undone on every backend, back to
+    /// `previous`.
+    async fn switch(
+        &self,
+        policy: &PolicyVersion,
+        loaded: Option<&str>,
+        previous: Option<&PolicyVersion>,
+    ) -> Result<(), PublishError> {
+        let Err(source) = self.store.set_policy_version(policy).await else {
+            return Ok(());
+        };
+        let rollback_failures = match loaded {
+            Some(name) => {
+                self.roll_back(&policy.tenant, name, previous, &self.backends)
+                    .await
+            }
+            None => Vec::new(),
+        };
+        Err(PublishError::Switch {
+            source,
             rollback_failures,
         })
     }

@@ -387,14 +387,14 @@ impl Loop<'_> {
             return;
         }
         let version = trainer.optimizer_steps();
+        let live = self
+            .rt
+            .block_on(self.store.policy_version(tenant))
+            .ok()
+            .flatten()
+            .map(|p| p.version);
         if let (Some(gate), Some(text)) = (&mut self.gate, self.text) {
             if gate.applies_to(tenant) {
-                let live = self
-                    .rt
-                    .block_on(self.store.policy_version(tenant))
-                    .ok()
-                    .flatten()
-                    .map(|p| (p.version, publisher.version_dir(tenant, p.version)));
                 let decided = gate.decide(
                     self.rt,
                     self.model,
@@ -402,7 +402,7 @@ impl Loop<'_> {
                     tenant,
                     version,
                     trainer.adapter(),
-                    live,
+                    live.map(|v| (v, publisher.version_dir(tenant, v))),
                 );
                 let decision = match decided {
                     Ok(decision) => decision,
@@ -424,18 +424,13 @@ impl Loop<'_> {
             return;
         };
         let write = |dir: &std::path::Path| trainer.save_adapter(dir, &self.base_model);
-        let live = self
-            .rt
-            .block_on(self.store.policy_version(tenant))
-            .ok()
-            .flatten();
         if let (Some(rule), Some(live)) = (&publisher.config().canary, live) {
             let outcome =
                 self.rt
                     .block_on(publisher.start_canary(tenant, version, rule.percent, write));
             if outcome.is_ok() {
                 self.trials
-                    .insert(tenant.clone(), Trial::new(live.version, version));
+                    .insert(tenant.clone(), Trial::new(live, version));
             }
             let report = PublishReport {
                 // The policy it switched to is the live version's, with this one on trial.
