@@ -33,7 +33,7 @@ const FORGOTTEN: &[&str] = &["id", "item_id", "created", "created_at", "sequence
 
 /// One server-sent event: its `event:` name, if any, and its `data:` (JSON, or `[DONE]` as a
 /// string).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Event {
     name: Option<String>,
     data: Value,
