@@ -13,7 +13,7 @@ use serde_json::Value;
 /// reply at the 16 KiB cap (`restates_question`; filters/tests/plugins.rs).
 pub const DEFAULT_FUEL: u64 = 500_000_000;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct FiltersConfig {
     /// Directory of plugin components (`*.wasm`, the file stem is the plugin's name). Unset: no
@@ -27,6 +27,7 @@ pub struct FiltersConfig {
     /// for the host's reasons (a busy host, a slow judge) and is tried again, up to
     /// `host_retries` times, before its `filter_error` is recorded.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub call_timeout: Duration,
     /// Tries again of a call that failed for the host's reasons (see `call_timeout`).
     pub host_retries: u32,
@@ -45,6 +46,7 @@ pub struct FiltersConfig {
     pub max_live: usize,
     /// How often the directory is checked for changed plugins; `0s` turns hot reload off.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub reload_interval: Duration,
     pub breaker: BreakerConfig,
     /// The judge model plugins may call (`judge` import). Unset: `judge` answers an error.
@@ -54,28 +56,31 @@ pub struct FiltersConfig {
 }
 
 /// When a failing plugin is switched off.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
     /// Consecutive failed calls after which the plugin is disabled.
     pub failures: u32,
     /// How long it stays disabled before one call tries it again.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub cooldown: Duration,
 }
 
 /// An OpenAI-compatible chat completions endpoint used as the judge.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JudgeConfig {
     /// Base URL, `http://host:port/v1` (`/chat/completions` is appended).
     pub url: String,
+    /// The model name sent in each judge request.
     pub model: String,
     /// Sent as `Authorization: Bearer <key>`.
     #[serde(default)]
     pub api_key: Option<String>,
     /// One judge request.
     #[serde(default = "default_judge_timeout", with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub timeout: Duration,
     /// Judge requests one plugin may have in flight at once.
     #[serde(default = "default_judge_concurrency")]
@@ -83,8 +88,10 @@ pub struct JudgeConfig {
     /// Judge answers one plugin may ask for in one evaluation (the sum of its `n`s).
     #[serde(default = "default_judge_budget")]
     pub budget_per_evaluation: u32,
+    /// Sampling temperature of the judge's answers.
     #[serde(default = "default_judge_temperature")]
     pub temperature: f64,
+    /// The most tokens one judge answer may have.
     #[serde(default = "default_judge_max_tokens")]
     pub max_tokens: u32,
 }
@@ -106,7 +113,7 @@ fn default_judge_max_tokens() -> u32 {
 }
 
 /// One plugin's settings.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PluginConfig {
     /// `false` keeps the plugin loaded but never called.

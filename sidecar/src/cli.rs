@@ -31,9 +31,11 @@ enum Command {
     Serve(ServeArgs),
     /// Print the `sha256:<hex>` form of an API key (read from stdin) for `[tenants.keys]`.
     HashKey,
-    /// Write a tenant's completed trajectories as training rows (see sidecar/EXPORT.md).
+    /// Print the configuration file's JSON Schema (for editors that check TOML against one).
+    ConfigSchema,
+    /// Write a tenant's completed trajectories as training rows (the book: Exporting trajectories).
     Export(ExportArgs),
-    /// Check or try out a filter plugin (see the README's plugin guide).
+    /// Check or try out a filter plugin (the book: Writing a reward plugin).
     #[command(subcommand)]
     Plugin(PluginCommand),
 }
@@ -123,6 +125,12 @@ struct ExportArgs {
     data_dir: Option<PathBuf>,
 }
 
+/// The command line as clap knows it: what `--help` prints, and what the book's reference is
+/// generated from.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Parses the command line and runs it; the binary's whole `main`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -136,6 +144,13 @@ pub fn main() -> ExitCode {
             println!("{}", crate::data_plane::tenant::key_hash(key.trim()));
             ExitCode::SUCCESS
         }
+        Command::ConfigSchema => match serde_json::to_string_pretty(&crate::config::schema()) {
+            Ok(schema) => {
+                println!("{schema}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
         Command::Export(args) => export(args),
         Command::Plugin(command) => plugin(command),
     }

@@ -19,7 +19,7 @@ pub use crate::data_plane::tenant::Tenants;
 pub use crate::data_plane::upstream::{Affinity, BalancerKind, Health, UpstreamKind};
 pub use crate::telemetry::{Log, LogFormat};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Address the agent-facing listener binds to.
@@ -58,6 +58,12 @@ pub struct Config {
     /// Claw-R1's black-box protocol on the agent port ([`crate::control_plane::claw_r1`]).
     #[serde(default)]
     pub claw_r1: ClawR1,
+}
+
+/// The configuration file's JSON Schema: every key, its type and its doc comment (what
+/// `clawback-sidecar config-schema` prints and the book's reference is rendered from).
+pub fn schema() -> schemars::Schema {
+    schemars::schema_for!(Config)
 }
 
 impl Default for Config {

@@ -35,7 +35,7 @@ use crate::data_plane::error::error_response;
 use crate::data_plane::route::{Endpoint, SessionId};
 
 /// `[claw_r1]`: Claw-R1's gateway protocol, for rollout code written for it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClawR1 {
     /// Off by default: on, whoever holds a tenant's key opens trajectories and posts their

@@ -6,41 +6,50 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 /// How long each part of a call may take.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Timeouts {
     /// Time a client has to send its request head.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub header_read: Duration,
     /// Time a client has to send its whole request body.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub body_read: Duration,
     /// TCP (and TLS) connect to an upstream.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub upstream_connect: Duration,
     /// From sending the request to the upstream's response head (prefill of long prompts lives here).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub upstream_first_byte: Duration,
     /// Longest gap between two body chunks of an upstream response.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub upstream_idle: Duration,
     /// Longest a client may take to accept the next chunk of its response; past it the call is
     /// treated as orphaned (its answer is still read and recorded, not sent).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub client_write: Duration,
     /// A client connection with no request in flight is closed after this long.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub idle_connection: Duration,
     /// How long an upstream response is still read after its client went away.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub orphan_drain: Duration,
     /// After SIGTERM/SIGINT: how long in-flight requests may take to finish.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub shutdown_grace: Duration,
 }
 
 /// How much a call, and a tenant, may hold.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Largest accepted request body; larger ones get 413.

@@ -42,7 +42,7 @@ use crate::data_plane::route::Endpoint;
 use crate::data_plane::upstream::UpstreamKind;
 
 /// The `[forwarding]` section of the sidecar's configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Forwarding {
     /// Body fields forwarded beside each API's own (engine extensions an operator vouches for,

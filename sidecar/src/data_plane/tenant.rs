@@ -10,12 +10,13 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Whose data a call is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Tenants {
     /// Tenant of calls whose API key is not in `keys`; `false`: such calls get 401. (TOML has
     /// no null, and a key removed from the file would fall back to the built-in default.)
     #[serde(with = "default_tenant")]
+    #[schemars(with = "default_tenant::Raw")]
     pub default: Option<String>,
     /// Take the tenant from `X-Clawback-Tenant` — only when a trusted gateway in front of the
     /// sidecar sets (and strips from clients) that header.
@@ -28,9 +29,10 @@ pub struct Tenants {
 mod default_tenant {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    #[derive(Deserialize)]
+    /// A tenant name, or `false`.
+    #[derive(Deserialize, schemars::JsonSchema)]
     #[serde(untagged)]
-    enum Raw {
+    pub(super) enum Raw {
         Off(bool),
         Tenant(String),
     }

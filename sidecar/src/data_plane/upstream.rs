@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 
 /// What the sidecar forwards to. The kind decides which engine-specific fields later layers may
 /// ask for (token ids and logprobs are only requested from vLLM / SGLang).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum UpstreamKind {
     Openai,
@@ -49,7 +51,7 @@ impl From<UpstreamKind> for clawback_datapool::UpstreamKind {
 }
 
 /// How a request picks among several healthy upstreams.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BalancerKind {
     /// Two random healthy upstreams, the one with fewer requests in flight wins.
@@ -60,22 +62,24 @@ pub enum BalancerKind {
 
 /// Session affinity: the calls of one session go to the same upstream while it is healthy and
 /// not overloaded, so the engine's prefix cache holds the conversation so far.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Affinity {
+    /// Keep a session's calls on one upstream; `false`: every call goes where the balancer picks.
     pub enabled: bool,
     /// An upstream takes a session's call while its calls in flight stay within this many times
     /// the pool's average (consistent hashing with bounded loads); past it, the balancer picks.
     pub load_factor: f64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Health {
     /// Consecutive 5xx answers after which an upstream is ejected (a connect failure ejects at once).
     pub eject_after_5xx: u32,
     /// How long an ejected upstream is skipped before it is tried again.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub ejection: Duration,
 }
 

@@ -17,7 +17,7 @@ use super::HandshakeError;
 use crate::data_plane::tenant::{hashed_tenants, TenantError};
 
 /// The handshake API (`/trajectories`), the viewer and `/admin/policies`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Admin {
     /// Bearer token that sees every tenant. Unset (and no `tenant_tokens`): the API is off.

@@ -24,7 +24,7 @@ use crate::data_plane::error::ProxyError;
 use crate::data_plane::route::Route;
 
 /// The `[agent_api]` section of the sidecar's configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentApiConfig {
     /// `"METHOD /path"` entries; a path segment `*` matches one plain segment (letters, digits,

@@ -35,7 +35,7 @@ pub use rewrite::{Routed, Router};
 pub use table::{Lease, PolicyTable};
 
 /// The `[routing]` section of the sidecar's configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Routing {
     /// The name the backends serve the base model under. Unset: routing is off and `model` is
@@ -46,10 +46,12 @@ pub struct Routing {
     pub aliases: Vec<String>,
     /// Without pub/sub (the embedded store): how often the live versions are read again.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub poll_interval: Duration,
     /// With Redis: how often every tenant's version is read again besides the notifications, in
     /// case one was missed (a connection that died silently).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub resync_interval: Duration,
 }
 

@@ -13,11 +13,13 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Redaction {
     /// A regular expression (Rust `regex` syntax).
     pub pattern: String,
+    /// What each match is replaced with in what is recorded (`$1`, `$name` name the
+    /// pattern's groups).
     pub replacement: String,
 }
 

@@ -7,19 +7,24 @@ use serde::{Deserialize, Serialize};
 pub use super::redact::Redaction;
 
 /// How calls are recorded as trajectory steps.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Recording {
+    /// Record calls as trajectory steps; `false`: the sidecar only forwards (no datapool, no
+    /// plugins, no handshake API).
     pub enabled: bool,
     /// A trajectory with no call for this long is completed; its last turn is kept.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub idle_timeout: Duration,
     /// A group whose rollouts have not all completed after this long is released as partial.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub group_timeout: Duration,
     /// A call in flight for this long is taken for one whose replica died: it no longer holds
     /// its trajectory open. Longer than any call (prefill, generation, `orphan_drain`).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub stale_call: Duration,
     /// A trajectory's completion not written this long after it finished is taken for one whose
     /// replica died first: the next sweep of any replica writes it (with its trajectory plugins
@@ -27,11 +32,13 @@ pub struct Recording {
     /// numbered but never wrote is enqueued with the steps it has. Longer than the trajectory
     /// plugins take.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub completion_lease: Duration,
     /// How long a call waits for the shared session state (Redis) before it goes on with this
     /// replica's own; 0: as long as it takes. Retried meanwhile, so a restarting Redis is
     /// ridden out ([`crate::data_plane::session::shared`]).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("format" = "duration"))]
     pub session_timeout: Duration,
     /// Records the writer holds parsed in memory; every record is in the journal
     /// ([`crate::data_plane::recorder::journal`]) anyway, so past this the writer reads it back from there.
