@@ -36,6 +36,7 @@ use crate::data_plane::error::error_response;
 pub mod auth;
 mod listing;
 mod rollback;
+mod summary;
 
 use auth::Scope;
 
@@ -255,14 +256,12 @@ pub(crate) fn body_or_default<T: for<'de> Deserialize<'de> + Default>(
     serde_json::from_slice(body)
 }
 
-/// The raw value of query parameter `name`. Not percent-decoded: tenant ids and numbers never
-/// need it.
+/// A query parameter's value, percent- and `+`-decoded as a browser's form encodes it.
 fn query_param(parts: &request::Parts, name: &str) -> Option<String> {
     parts.uri.query().and_then(|q| {
-        q.split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.to_owned())
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
     })
 }
 

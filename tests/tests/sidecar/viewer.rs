@@ -188,6 +188,37 @@ async fn the_admin_api_lists_tenants_trajectories_and_rewards_for_the_viewer() {
         (&finished["status"], &finished["live"]),
         (&json!("completed"), &json!(false))
     );
+    // Each says what the list shows of it: its first user message, its steps, its rewards' mean.
+    assert_eq!(
+        finished["summary"],
+        json!({"first_user_message": "What's the weather in Paris?", "steps": 2,
+               "reward": 0.25, "rewards": 2})
+    );
+    assert_eq!(
+        (&newest["summary"]["steps"], &newest["summary"]["reward"]),
+        (&json!(1), &Value::Null)
+    );
+
+    // A search keeps the trajectories whose conversation has every word, in any case: the tool's
+    // answer ("sunny") is in the finished one only.
+    let ids = |listed: &Value| -> Vec<Value> {
+        listed["trajectories"]
+            .as_array()
+            .map(|all| all.iter().map(|t| t["id"].clone()).collect())
+            .unwrap_or_default()
+    };
+    let sunny = admin_get(sidecar, "/trajectories?tenant=default&q=SUNNY+paris").await;
+    assert_eq!(
+        (ids(&sunny), &sunny["searched"]),
+        (vec![json!(id)], &json!(2))
+    );
+    let paris = admin_get(sidecar, "/trajectories?tenant=default&q=%20Paris%20").await;
+    assert_eq!(ids(&paris).len(), 2);
+    let neither = admin_get(sidecar, "/trajectories?tenant=default&q=sunny+zebra").await;
+    assert_eq!(
+        (ids(&neither).len(), &neither["complete"]),
+        (0, &json!(true))
+    );
 
     let rewards = admin_get(sidecar, "/tenants/default/rewards").await;
     let points = rewards["points"].as_array().expect("points");
@@ -394,6 +425,12 @@ async fn the_viewer_shows_a_recorded_trajectory_in_headless_chromium() {
     );
     assert!(dom.contains("data-version=\"3\""), "{dom}");
     assert!(dom.contains(TRACEPARENT));
+    // The list shows the conversation's first user message and the mean of its rewards.
+    assert!(
+        dom.contains("data-first-message=\"\">What's the weather in Paris?</div>"),
+        "{dom}"
+    );
+    assert!(dom.contains("data-list-reward=\"0.25\""), "{dom}");
 
     // One shaded span per completion token, and a less likely token is shaded darker.
     let logprobs: usize = scene
@@ -427,6 +464,31 @@ async fn the_viewer_shows_a_recorded_trajectory_in_headless_chromium() {
     .await;
     assert_is_png(&screenshot);
     println!("viewer screenshot: {}", screenshot.display());
+}
+
+#[tokio::test]
+async fn the_viewers_search_keeps_the_conversations_with_every_word() {
+    let scene = scene().await;
+    let id = scene.record.trajectory.id;
+    let at = |query: &str| {
+        scene
+            .sidecar
+            .url(&format!("/ui#token={ADMIN}&tenant=default&q={query}"))
+    };
+
+    let found = headless_chromium(&at("sunny%20PARIS"), &["--dump-dom".to_owned()]).await;
+    assert!(
+        found.contains(&format!("data-trajectory=\"{id}\"")),
+        "{found}"
+    );
+    assert!(
+        found.contains("(1 matching, of the newest 1 searched)"),
+        "{found}"
+    );
+
+    let none = headless_chromium(&at("zebra"), &["--dump-dom".to_owned()]).await;
+    let list = between(&none, "<ul id=\"trajectories\">", "</ul>").unwrap_or_default();
+    assert_eq!(list, "<li class=\"muted\">nothing matches</li>", "{none}");
 }
 
 #[tokio::test]

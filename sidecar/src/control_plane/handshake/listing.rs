@@ -8,6 +8,9 @@
 //! newest trajectories only, so one poll reads a bounded number of records.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
 
 use clawback_datapool::{
     EvaluationSource, Store, TenantId, Trajectory, TrajectoryId, TrajectoryRecord, UnixMs, Verdict,
@@ -16,6 +19,7 @@ use http::{request, Response, StatusCode};
 use serde::Serialize;
 use serde_json::json;
 
+use super::summary::{Search, Summary};
 use super::{json_response, named_tenant, query_param, HandshakeError, Scope};
 use crate::control_plane::Handles;
 use crate::data_plane::body::ProxyBody;
@@ -115,15 +119,24 @@ pub(super) async fn tenants(
     Ok(json_response(StatusCode::OK, &json!({ "tenants": listed })))
 }
 
-/// One trajectory header as listed: the stored header, and whether this sidecar holds it live.
+/// One trajectory header as listed: the stored header, whether this sidecar holds it live, and
+/// what the viewer's list shows of it (read from its record).
 #[derive(Serialize)]
 struct Listed {
     #[serde(flatten)]
     trajectory: Trajectory,
     live: bool,
+    summary: Option<Summary>,
 }
 
-/// `GET /trajectories?tenant=T&limit=N`: the tenant's newest trajectories, newest first.
+/// Records read at once while listing or searching.
+const READ_AT_ONCE: usize = 8;
+/// The newest trajectories a search reads, at most: with more, it says so (`"complete": false`).
+const SEARCH_MAX_READ: usize = 2_000;
+
+/// `GET /trajectories?tenant=T&limit=N&q=words`: the tenant's newest trajectories, newest first,
+/// each with its summary; with `q`, only those whose conversation (or id) has every word, among
+/// the newest [`SEARCH_MAX_READ`].
 pub(super) async fn trajectories(
     control: &Handles,
     scope: &Scope,
@@ -135,26 +148,68 @@ pub(super) async fn trajectories(
         .ok_or(HandshakeError::RecordingOff)?;
     let tenant = named_tenant(control, scope, query_param(parts, "tenant"))?;
     let keep = limit(parts, LIST_DEFAULT, LIST_MAX)?;
-    let (headers, complete) = newest(recorder.store().as_ref(), &tenant, keep).await?;
+    let search = query_param(parts, "q").and_then(|q| Search::new(&q));
+    let store = recorder.store();
+    let scan = if search.is_some() {
+        SEARCH_MAX_READ
+    } else {
+        keep
+    };
+    let (headers, reached_end) = newest(store.as_ref(), &tenant, scan).await?;
+    let scanned = headers.len();
+    let mut records = futures_util::stream::iter(headers)
+        .map(|header| {
+            let (store, tenant) = (Arc::clone(store), &tenant);
+            async move {
+                let record = store.trajectory(tenant, &header.id).await;
+                (header, record)
+            }
+        })
+        .buffered(READ_AT_ONCE);
+    let mut found = Vec::new();
+    let mut read = 0;
+    while let Some((header, record)) = records.next().await {
+        read += 1;
+        let record = record?;
+        if let Some(search) = &search {
+            if !record.as_ref().is_some_and(|r| search.matches(r)) {
+                continue;
+            }
+        }
+        found.push((header, record.as_ref().map(Summary::of)));
+        if found.len() == keep {
+            break;
+        }
+    }
+    // Whether each is live, asked for all at once (one round trip each to a shared store).
     let live = futures_util::future::join_all(
-        headers
+        found
             .iter()
-            .map(|trajectory| recorder.is_live(&tenant, &trajectory.id)),
+            .map(|(header, _)| recorder.is_live(&tenant, &header.id)),
     )
     .await;
-    let listed: Vec<Listed> = headers
+    let listed: Vec<Listed> = found
         .into_iter()
         .zip(live)
-        .map(|(trajectory, live)| Listed {
-            live: live.unwrap_or(false),
+        .map(|((trajectory, summary), live)| Listed {
             trajectory,
+            live: live.unwrap_or(false),
+            summary,
         })
         .collect();
-    let body = json!({
+    // A search is complete when it read every trajectory the tenant has.
+    let complete = match &search {
+        None => reached_end,
+        Some(_) => reached_end && scanned < SEARCH_MAX_READ && read == scanned,
+    };
+    let mut body = json!({
         "tenant": tenant.as_str(),
         "trajectories": listed,
         "complete": complete,
     });
+    if search.is_some() {
+        body["searched"] = json!(read);
+    }
     Ok(json_response(StatusCode::OK, &body))
 }
 

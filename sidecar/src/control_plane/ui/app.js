@@ -10,6 +10,10 @@ const SVG_NS = 'http://www.w3.org/2000/svg';
 const state = {
   tenant: null,
   trajectory: null,
+  // The operator's search (`q`): every word, in any case, somewhere in the conversation.
+  query: '',
+  // The last search's answer, kept while the query stays the same.
+  lastSearch: null,
   busy: false,
   // A refresh asked for while one was running (a click during a poll): run it right after.
   again: false,
@@ -94,6 +98,8 @@ function readLocation() {
   const params = hashParams();
   state.tenant = params.get('tenant') || state.tenant;
   state.trajectory = params.get('trajectory');
+  state.query = params.get('q') || '';
+  $('query').value = state.query;
 }
 
 // ---- the admin API ------------------------------------------------------------------------
@@ -149,16 +155,22 @@ function drawTenants(tenants) {
 
 function drawList(list) {
   const ul = $('trajectories');
-  $('list-note').textContent = list.complete
-    ? `(${list.trajectories.length})`
-    : `(newest ${list.trajectories.length} of the first 10 000)`;
-  if (list.trajectories.length === 0) {
-    ul.replaceChildren(el('li', { class: 'muted', text: 'nothing recorded yet' }));
+  const shown = list.trajectories.length;
+  if (list.searched !== undefined) {
+    $('list-note').textContent = `(${shown} matching, of the newest ${list.searched} searched)`;
+  } else {
+    $('list-note').textContent = list.complete ? `(${shown})` : `(newest ${shown} of the first 10 000)`;
+  }
+  if (shown === 0) {
+    const empty = list.searched !== undefined ? 'nothing matches' : 'nothing recorded yet';
+    ul.replaceChildren(el('li', { class: 'muted', text: empty }));
     return;
   }
   ul.replaceChildren(
     ...list.trajectories.map((t) => {
       const label = t.metadata && (t.metadata.task || t.metadata.session);
+      const summary = t.summary || {};
+      const steps = summary.steps === undefined ? null : `${summary.steps} step${summary.steps === 1 ? '' : 's'}`;
       return el(
         'li',
         {},
@@ -169,14 +181,25 @@ function drawList(list) {
             class: t.id === state.trajectory ? 'selected' : '',
             'data-trajectory': t.id,
           },
-          el('span', { class: 'id', text: shortId(t.id) }),
-          ' ',
+          el('div', {
+            class: 'first-message',
+            'data-first-message': '',
+            text: summary.first_user_message || '(no user message)',
+          }),
           el('span', { class: 'pill ' + t.status, text: t.status }),
           t.live ? [' ', el('span', { class: 'pill live', text: 'live' })] : null,
+          summary.reward !== undefined && summary.reward !== null
+            ? [' ', el('span', {
+              class: 'reward ' + signClass(summary.reward),
+              'data-list-reward': summary.reward,
+              title: `mean of ${summary.rewards} reward${summary.rewards === 1 ? '' : 's'}`,
+              text: summary.reward.toFixed(2),
+            })]
+            : null,
           el(
             'div',
             { class: 'meta' },
-            time(t.created_at),
+            [t.tenant, steps, time(t.created_at), shortId(t.id)].filter(Boolean).join(' · '),
             label ? ' · ' + (typeof label === 'string' ? label : JSON.stringify(label)) : '',
             t.group ? ` · group of ${t.group.size}` : '',
           ),
@@ -467,10 +490,16 @@ async function refresh() {
     redraw('tenants', { tenants, selected: state.tenant }, (d) => drawTenants(d.tenants));
     if (state.tenant) {
       const q = encodeURIComponent(state.tenant);
+      // A search reads up to 2,000 records on the server: it runs once per query (and on Enter),
+      // not on every poll.
+      const searched = state.query && state.lastSearch && state.lastSearch.key === state.tenant + '\n' + state.query;
       const [list, rewards] = await Promise.all([
-        api(`/trajectories?tenant=${q}&limit=100`),
+        searched
+          ? state.lastSearch.list
+          : api(`/trajectories?tenant=${q}&limit=100` + (state.query ? `&q=${encodeURIComponent(state.query)}` : '')),
         api(`/tenants/${q}/rewards?limit=50`),
       ]);
+      state.lastSearch = state.query ? { key: state.tenant + '\n' + state.query, list } : null;
       redraw('list', { list, selected: state.trajectory }, (d) => drawList(d.list));
       redraw('rewards', rewards, drawRewards);
       if (state.trajectory) {
@@ -519,6 +548,26 @@ function start() {
     $('token').value = '';
     showMain();
     refresh();
+  });
+  // A search is part of the address (`#...&q=words`), so it survives a reload and can be shared.
+  let typing = null;
+  const search = () => {
+    const params = hashParams();
+    const query = $('query').value.trim();
+    if (query) params.set('q', query);
+    else params.delete('q');
+    window.location.hash = params.toString();
+  };
+  $('search').addEventListener('submit', (event) => {
+    event.preventDefault();
+    clearTimeout(typing);
+    state.lastSearch = null; // Enter runs the search again
+    search();
+    refresh();
+  });
+  $('query').addEventListener('input', () => {
+    clearTimeout(typing);
+    typing = setTimeout(search, 400);
   });
   $('logout').addEventListener('click', () => {
     sessionStorage.removeItem(TOKEN_KEY);
