@@ -113,6 +113,22 @@ PY
     export CLAWBACK_DEPLOY_TOOLS="$venv/bin"
 }
 
+# mdBook, which builds the book in docs/ (tests/tests/book builds it and checks its links): from
+# crates.io, pinned, without its `serve`/`watch` features (a web server and a file watcher the
+# check does not need: ~2.5 CPU-minutes to build instead of ~4), into $CLAWBACK_CACHE/mdbook.
+MDBOOK_VERSION=0.5.4
+ensure_mdbook() {
+    local root="$CLAWBACK_CACHE/mdbook"
+    if [ "$("$root/bin/mdbook" --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+        say "installing mdBook $MDBOOK_VERSION from crates.io into $root"
+        CARGO_TARGET_DIR="$CLAWBACK_CACHE/mdbook-build" cargo install --quiet --locked \
+            --no-default-features --features search --version "$MDBOOK_VERSION" \
+            --root "$root" mdbook
+        rm -rf "$CLAWBACK_CACHE/mdbook-build"
+    fi
+    export CLAWBACK_MDBOOK="$root/bin/mdbook"
+}
+
 # The static (musl) target the sidecar image is built for, and its C compiler for the -sys crates.
 ensure_musl() {
     if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then

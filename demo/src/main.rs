@@ -286,7 +286,7 @@ fn main() -> Result<()> {
                     rank: 8,
                     // A hinted reply's wrong first letter is all but impossible for the teacher
                     // (−10 nats and more): clamped, it weighs no more than the letters after
-                    // it, and the distilled rate climbs instead of swinging (seeded runs, README).
+                    // it, and the distilled rate climbs instead of swinging (seeded runs, docs/src/scenarios/tiny-model.md).
                     opd_clip: 2.0,
                     threads: 1,
                 },

@@ -34,7 +34,7 @@ fn hints_alone_teach_each_tenant_its_taste_and_rewards_with_hints_do_too() {
             // Before and after are 96 probes each: for a policy that did not change, their
             // difference has a standard deviation of about 0.07 (p ≈ 0.3), so a gain of 0.2 is
             // three of them. Seeded runs of this test (seeds 2-4, 7) gained 0.41-0.66 with
-            // hints alone and 0.44-0.76 with both signals (README).
+            // hints alone and 0.44-0.76 with both signals (docs/src/scenarios/tiny-model.md).
             let gain = tenant["gain"].as_f64().unwrap();
             assert!(gain >= MARGIN, "{who}: gain {gain} < {MARGIN}\n{context}");
             // The datapool holds the users' corrections as rewards and hints...

