@@ -5,6 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::schema::{check_version, GateDecision};
 
 /// A record as stored JSON.
 pub(crate) fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<String> {
@@ -14,6 +15,13 @@ pub(crate) fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Stri
 /// A record from stored JSON.
 pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, json: &str) -> Result<T> {
     serde_json::from_str(json).map_err(|e| Error::codec(what, e))
+}
+
+/// A gate decision from stored JSON, of a schema version this build reads.
+pub(crate) fn decode_gate_decision(json: &str) -> Result<GateDecision> {
+    let decision: GateDecision = decode("gate decision", json)?;
+    check_version("gate decision", decision.schema_version)?;
+    Ok(decision)
 }
 
 /// An id (or other `FromStr` value) read back from storage; a malformed one is an unexpected

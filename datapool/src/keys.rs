@@ -21,6 +21,7 @@
 //! | `clawback:{t}:dead:{consumer group}` | stream | ready entries dead-lettered after too many deliveries |
 //! | `clawback:{t}:policy` | hash | live policy: `version`, `json` |
 //! | `clawback:{t}:rollback` | string | the operator's latest rollback order and its outcome (JSON) |
+//! | `clawback:{t}:gate` | list | the trainer's gate decisions (JSON), newest first, the latest 50 |
 //! | `clawback:{t}:policy:changed` | pub/sub channel | the new policy JSON, published on every switch |
 //! | `clawback:{t}:live` | zset (score = last call ms) | live trajectories, for the idle sweep ([`crate::Sessions`]) |
 //! | `clawback:{t}:live:{id}` | hash | a live trajectory's session state: `next`, `last`, `covered`, `eval`, `after`, `name`, `keys`, `c:{step}` per call in flight |
@@ -111,12 +112,17 @@ pub fn live_trajectory(tenant: &TenantId, id: &TrajectoryId) -> String {
     format!("clawback:{{{tenant}}}:live:{id}")
 }
 
-/// The pub/sub channel the sidecars listen on to switch a tenant's routing to a new adapter.
 /// The operator's latest rollback order of the tenant.
 pub fn rollback(tenant: &TenantId) -> String {
     format!("clawback:{{{tenant}}}:rollback")
 }
 
+/// The trainer's latest gate decisions for the tenant, newest first.
+pub fn gate(tenant: &TenantId) -> String {
+    format!("clawback:{{{tenant}}}:gate")
+}
+
+/// The pub/sub channel the sidecars listen on to switch a tenant's routing to a new adapter.
 pub fn policy_changed(tenant: &TenantId) -> String {
     format!("clawback:{{{tenant}}}:policy:changed")
 }

@@ -20,14 +20,15 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use tokio::sync::Mutex;
 
-use crate::codec::{decode, encode, parse_stored};
+use crate::codec::{decode, decode_gate_decision, encode, parse_stored};
 use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::redis_store::Caps;
 use crate::schema::{
-    check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
-    PolicyVersion, Rollback, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
+    check_version, CompletionReason, Evaluation, GateDecision, Group, GroupMembership, GroupState,
+    NextState, PolicyVersion, Rollback, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
+    GATE_DECISIONS_KEPT,
 };
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
@@ -80,6 +81,9 @@ CREATE TABLE IF NOT EXISTS policies (
     tenant TEXT PRIMARY KEY, version INTEGER NOT NULL, json TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rollbacks (
     tenant TEXT PRIMARY KEY, id TEXT NOT NULL, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gate_decisions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, json TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS gate_decisions_by_tenant ON gate_decisions (tenant, seq);
 CREATE TABLE IF NOT EXISTS waiting_completions (
     tenant TEXT NOT NULL, id TEXT NOT NULL, expect INTEGER NOT NULL, completed_at INTEGER NOT NULL,
     PRIMARY KEY (tenant, id));
@@ -1187,6 +1191,41 @@ impl Store for LocalStore {
                 params![tenant, id, json],
             )?;
             Ok(written == 1)
+        })
+        .await
+    }
+
+    async fn record_gate_decision(&self, decision: &GateDecision) -> Result<()> {
+        let json = encode("gate decision", decision)?;
+        let tenant = decision.tenant.to_string();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "INSERT INTO gate_decisions (tenant, json) VALUES (?1, ?2)",
+                params![tenant, json],
+            )?;
+            tx.execute(
+                "DELETE FROM gate_decisions WHERE tenant = ?1 AND seq NOT IN
+                 (SELECT seq FROM gate_decisions WHERE tenant = ?1 ORDER BY seq DESC LIMIT ?2)",
+                params![tenant, GATE_DECISIONS_KEPT as i64],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn gate_decisions(&self, tenant: &TenantId, limit: usize) -> Result<Vec<GateDecision>> {
+        let tenant = tenant.to_string();
+        let limit = limit.min(GATE_DECISIONS_KEPT) as i64;
+        self.with(move |c| {
+            let mut statement = c.prepare(
+                "SELECT json FROM gate_decisions WHERE tenant = ?1 ORDER BY seq DESC LIMIT ?2",
+            )?;
+            let json = statement
+                .query_map(params![tenant, limit], |r| r.get::<_, String>(0))?
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            json.iter().map(|j| decode_gate_decision(j)).collect()
         })
         .await
     }

@@ -29,7 +29,7 @@ use redis::streams::{
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tracing::{debug, warn};
 
-use crate::codec::{decode, encode, parse_stored};
+use crate::codec::{decode, decode_gate_decision, encode, parse_stored};
 use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{GroupId, StepId, TenantId, TrajectoryId, UnixMs};
@@ -39,8 +39,9 @@ use crate::redis_scripts::{
     TRIM_TRAJECTORY,
 };
 use crate::schema::{
-    check_version, CompletionReason, Evaluation, Group, GroupMembership, GroupState, NextState,
-    PolicyVersion, Rollback, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
+    check_version, CompletionReason, Evaluation, GateDecision, Group, GroupMembership, GroupState,
+    NextState, PolicyVersion, Rollback, Step, Trajectory, TrajectoryRecord, TrajectoryStatus,
+    GATE_DECISIONS_KEPT,
 };
 use crate::store::{
     Complete, Completed, Consumer, ConsumerGroupLag, ConsumerName, DeadLetter, Delivery,
@@ -1126,6 +1127,38 @@ impl Store for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(written == 1)
+    }
+
+    async fn record_gate_decision(&self, decision: &GateDecision) -> Result<()> {
+        let key = keys::gate(&decision.tenant);
+        redis::pipe()
+            .atomic()
+            .cmd("LPUSH")
+            .arg(&key)
+            .arg(encode("gate decision", decision)?)
+            .ignore()
+            .cmd("LTRIM")
+            .arg(&key)
+            .arg(0)
+            .arg(GATE_DECISIONS_KEPT - 1)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn gate_decisions(&self, tenant: &TenantId, limit: usize) -> Result<Vec<GateDecision>> {
+        let limit = limit.min(GATE_DECISIONS_KEPT);
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let json: Vec<String> = redis::cmd("LRANGE")
+            .arg(keys::gate(tenant))
+            .arg(0)
+            .arg(limit - 1)
+            .query_async(&mut self.conn())
+            .await?;
+        json.iter().map(|j| decode_gate_decision(j)).collect()
     }
 }
 

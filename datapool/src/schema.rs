@@ -590,6 +590,46 @@ pub enum RollbackOutcome {
     Failed { at: UnixMs, reason: String },
 }
 
+/// The most gate decisions kept per tenant ([`crate::Store::record_gate_decision`]); older ones
+/// are dropped as new ones come.
+pub const GATE_DECISIONS_KEPT: usize = 50;
+
+/// What the trainer's gate decided about one candidate version of a tenant's policy, and why:
+/// kept for the operator (the viewer, `GET /tenants/{tenant}/gate`), the latest
+/// [`GATE_DECISIONS_KEPT`] per tenant.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GateDecision {
+    #[serde(default = "schema_version")]
+    pub schema_version: u32,
+    pub tenant: TenantId,
+    /// The candidate's version number.
+    pub version: u64,
+    /// The live version it was compared with; `None`: the base.
+    pub live: Option<u64>,
+    /// Whether it went on (to the canary, or live); else it was held back.
+    pub promoted: bool,
+    /// Why it was held back (empty when promoted).
+    pub reasons: Vec<String>,
+    /// Each prompt set's counts.
+    pub sets: Vec<GateSetScore>,
+    /// Mean per-token KL(candidate ‖ base) over the base's replies, in nats.
+    pub kl: f64,
+    /// How long the decision took.
+    pub seconds: f64,
+    pub decided_at: UnixMs,
+}
+
+/// Prompts of one set that each version passed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateSetScore {
+    pub name: String,
+    pub prompts: u32,
+    pub candidate: u32,
+    /// The version it would replace (the base before the first).
+    pub live: u32,
+    pub base: u32,
+}
+
 /// A trajectory with everything recorded about it: what [`crate::Store::trajectory`] returns and
 /// what the trainer learns from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

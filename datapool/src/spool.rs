@@ -31,7 +31,8 @@ use crate::local_store::LocalStore;
 use crate::redis_store::RedisStore;
 use crate::schema::CompletionReason;
 use crate::schema::{
-    Evaluation, Group, NextState, PolicyVersion, Rollback, Trajectory, TrajectoryRecord,
+    Evaluation, GateDecision, Group, NextState, PolicyVersion, Rollback, Trajectory,
+    TrajectoryRecord,
 };
 use crate::sessions::{
     Finish, Finishing, Join, Joined, KeyedSession, Sessions, StepDone, StepSlot, Timing,
@@ -396,6 +397,14 @@ impl Store for SpooledStore {
 
     async fn settle_rollback(&self, order: &Rollback) -> Result<bool> {
         self.shared.redis.settle_rollback(order).await
+    }
+
+    async fn record_gate_decision(&self, decision: &GateDecision) -> Result<()> {
+        self.shared.redis.record_gate_decision(decision).await
+    }
+
+    async fn gate_decisions(&self, tenant: &TenantId, limit: usize) -> Result<Vec<GateDecision>> {
+        self.shared.redis.gate_decisions(tenant, limit).await
     }
 }
 

@@ -22,8 +22,8 @@ use crate::encoded::EncodedStep;
 use crate::error::{Error, Result};
 use crate::ids::{is_key_safe, GroupId, StepId, TenantId, TrajectoryId, UnixMs};
 use crate::schema::{
-    CompletionReason, Evaluation, Group, NextState, PolicyVersion, Rollback, Step, Trajectory,
-    TrajectoryRecord, TrajectoryStatus,
+    CompletionReason, Evaluation, GateDecision, Group, NextState, PolicyVersion, Rollback, Step,
+    Trajectory, TrajectoryRecord, TrajectoryStatus,
 };
 
 /// Storage of trajectories, shared by the recorder (writes) and the trainer (reads, acks).
@@ -154,6 +154,14 @@ pub trait Store: Send + Sync {
     /// Records `order`'s outcome (set in it) unless a newer order replaced it meanwhile; returns
     /// whether it was recorded.
     async fn settle_rollback(&self, order: &Rollback) -> Result<bool>;
+
+    /// Keeps what the trainer's gate decided about a candidate; the tenant's oldest beyond
+    /// [`crate::GATE_DECISIONS_KEPT`] are dropped.
+    async fn record_gate_decision(&self, decision: &GateDecision) -> Result<()>;
+
+    /// The tenant's latest gate decisions, newest first, at most `limit` (and at most
+    /// [`crate::GATE_DECISIONS_KEPT`]).
+    async fn gate_decisions(&self, tenant: &TenantId, limit: usize) -> Result<Vec<GateDecision>>;
 }
 
 /// Most waiting completions one [`Store::release_overdue`] looks at; the next sweep takes the

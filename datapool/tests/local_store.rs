@@ -76,6 +76,17 @@ async fn a_rollback_is_settled_only_against_its_own_order() {
 }
 
 #[tokio::test]
+async fn gate_decisions_keep_the_latest_of_their_tenant() {
+    let (s, _dir) = store();
+    scenarios::gate_decisions_keep_the_latest_of_their_tenant(
+        &s,
+        &fresh_tenant("gate"),
+        &fresh_tenant("gate-other"),
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn the_live_policy_only_moves_forward() {
     let (s, _dir) = store();
     scenarios::the_live_policy_only_moves_forward(&s, &fresh_tenant("policy")).await;

@@ -80,6 +80,13 @@ async fn a_rollback_is_settled_only_against_its_own_order() {
 }
 
 #[tokio::test]
+async fn gate_decisions_keep_the_latest_of_their_tenant() {
+    let (t, _keys) = tenant("gate");
+    let (other, _other_keys) = tenant("gate-other");
+    scenarios::gate_decisions_keep_the_latest_of_their_tenant(&store().await, &t, &other).await;
+}
+
+#[tokio::test]
 async fn the_live_policy_only_moves_forward() {
     let (t, _keys) = tenant("policy");
     scenarios::the_live_policy_only_moves_forward(&store().await, &t).await;

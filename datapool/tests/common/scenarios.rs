@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use clawback_datapool::example::tool_use_trajectory;
 use clawback_datapool::{
-    Canary, Complete, CompletionReason, Consumer, ConsumerName, Delivery, Error, GroupId,
-    GroupState, NextState, PolicyVersion, ReadyItem, Rollback, RollbackOutcome, Store, TenantId,
-    TrajectoryId, TrajectoryStatus, UnixMs,
+    Canary, Complete, CompletionReason, Consumer, ConsumerName, Delivery, Error, GateDecision,
+    GateSetScore, GroupId, GroupState, NextState, PolicyVersion, ReadyItem, Rollback,
+    RollbackOutcome, Store, TenantId, TrajectoryId, TrajectoryStatus, UnixMs, GATE_DECISIONS_KEPT,
 };
 
 use super::{open_trajectory, step_of};
@@ -605,6 +605,72 @@ pub async fn a_rollback_is_settled_only_against_its_own_order(
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(read().await, Some(third));
+}
+
+/// Gate decisions are read back newest first, at most the limit, the latest
+/// `GATE_DECISIONS_KEPT` kept; another tenant's are not among them.
+pub async fn gate_decisions_keep_the_latest_of_their_tenant(
+    store: &dyn Store,
+    tenant: &TenantId,
+    other: &TenantId,
+) {
+    let decision = |tenant: &TenantId, version: u64| GateDecision {
+        schema_version: 1,
+        tenant: tenant.clone(),
+        version,
+        live: version.checked_sub(1).filter(|v| *v > 0),
+        promoted: version.is_multiple_of(2),
+        reasons: if version.is_multiple_of(2) {
+            Vec::new()
+        } else {
+            vec![format!("retention: {version} fewer")]
+        },
+        sets: vec![GateSetScore {
+            name: "retention".to_owned(),
+            prompts: 40,
+            candidate: 20,
+            live: 22,
+            base: 23,
+        }],
+        kl: 0.01 * version as f64,
+        seconds: 1.5,
+        decided_at: UnixMs(1_733_140_800_000 + version),
+    };
+    let read = |tenant: &TenantId, limit: usize| {
+        let tenant = tenant.clone();
+        async move {
+            store
+                .gate_decisions(&tenant, limit)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        }
+    };
+    assert_eq!(read(tenant, 10).await, Vec::new());
+    let kept = GATE_DECISIONS_KEPT as u64;
+    for version in 1..=kept + 3 {
+        store
+            .record_gate_decision(&decision(tenant, version))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    store
+        .record_gate_decision(&decision(other, 1))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let latest = read(tenant, 3).await;
+    assert_eq!(
+        latest,
+        vec![
+            decision(tenant, kept + 3),
+            decision(tenant, kept + 2),
+            decision(tenant, kept + 1)
+        ]
+    );
+    let all = read(tenant, usize::MAX).await;
+    assert_eq!(all.len(), GATE_DECISIONS_KEPT);
+    assert_eq!(all.last(), Some(&decision(tenant, 4)));
+    assert_eq!(read(other, 10).await, vec![decision(other, 1)]);
+    assert_eq!(read(tenant, 0).await, Vec::new());
 }
 
 /// Next states and evaluations attach to the right steps.
