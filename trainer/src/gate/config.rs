@@ -57,6 +57,11 @@ pub struct PromptSetConfig {
     /// little further with each version. Unset: only the live version is compared.
     #[serde(default)]
     pub max_drop_from_base: Option<usize>,
+    /// A drop beyond `max_drop` (or `max_drop_from_base`) holds the candidate back only where
+    /// it is also this unlikely for a version no worse: a one-sided sign test on the prompts
+    /// where the two disagree (`gate/rule.rs`). Unset: the count alone decides.
+    #[serde(default)]
+    pub significance: Option<f64>,
 }
 
 impl PromptSetConfig {
@@ -84,6 +89,15 @@ impl GateSection {
         for set in &self.sets {
             if set.checks.is_empty() {
                 return Err(format!("`gate.sets` {:?} names no check", set.name));
+            }
+            if let Some(alpha) = set
+                .significance
+                .filter(|alpha| !(*alpha > 0.0 && *alpha <= 1.0))
+            {
+                return Err(format!(
+                    "`gate.sets` {:?}: `significance` {alpha} must be in (0, 1]",
+                    set.name
+                ));
             }
         }
         let mut names: Vec<&str> = self.sets.iter().map(|s| s.name.as_str()).collect();

@@ -22,16 +22,18 @@
 //! | `config.rs` | the `[gate]` section |
 //! | `prompts.rs` | a prompt set's JSON lines |
 //! | `replies.rs` | greedy replies and the KL to the base, on the trainer's model |
+//! | `rule.rs` | a set's rule: too few passed, and (with `significance`) unlikely by chance |
 
 pub mod config;
 pub mod prompts;
 pub mod replies;
+pub mod rule;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use clawback_datapool::TenantId;
+use clawback_datapool::{GateDecision, GateSetScore, TenantId, UnixMs, SCHEMA_VERSION};
 use clawback_filters::standalone::{Standalone, StandaloneError};
 use clawback_model::lora::LoraAdapter;
 use clawback_model::model::Model;
@@ -90,6 +92,9 @@ pub struct SideScore {
     /// Prompts whose reply passed: some check above 0, none below.
     pub passed: usize,
     pub checks: BTreeMap<String, CheckCounts>,
+    /// Whether each prompt's reply passed, in the set's order: which prompts a candidate lost.
+    #[serde(default)]
+    pub each: Vec<bool>,
 }
 
 /// One set's comparison.
@@ -124,6 +129,33 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// What the datapool keeps of it, for the operator.
+    pub fn record(&self) -> GateDecision {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        GateDecision {
+            schema_version: SCHEMA_VERSION,
+            tenant: self.tenant.clone(),
+            version: self.version,
+            live: self.live,
+            promoted: self.promoted,
+            reasons: self.reasons.clone(),
+            sets: self
+                .sets
+                .iter()
+                .map(|s| GateSetScore {
+                    name: s.name.clone(),
+                    prompts: count(s.prompts),
+                    candidate: count(s.candidate.passed),
+                    live: count(s.live.passed),
+                    base: count(s.base.passed),
+                })
+                .collect(),
+            kl: self.kl,
+            seconds: self.seconds,
+            decided_at: UnixMs::now(),
+        }
+    }
+
     /// The progress line.
     pub fn line(&self) -> String {
         let sets: Vec<String> = self
@@ -316,24 +348,24 @@ impl Gate {
             };
             let live_name =
                 compared_live.map_or_else(|| "the base".to_owned(), |v| format!("v{v}"));
-            if candidate_score.passed + set.config.max_drop < live_score.passed {
-                reasons.push(format!(
-                    "{name}: {} of {} passed, the live version ({live_name}) {}: more than {} fewer",
-                    candidate_score.passed,
+            let against = |other: &SideScore, other_name: &str, max_drop: usize| {
+                rule::held_back(
+                    name,
                     set.prompts.len(),
-                    live_score.passed,
-                    set.config.max_drop
-                ));
-            }
+                    &candidate_score,
+                    other,
+                    other_name,
+                    max_drop,
+                    set.config.significance,
+                )
+            };
+            reasons.extend(against(
+                &live_score,
+                &format!("the live version ({live_name})"),
+                set.config.max_drop,
+            ));
             if let Some(max_drop) = set.config.max_drop_from_base {
-                if candidate_score.passed + max_drop < base_score.passed {
-                    reasons.push(format!(
-                        "{name}: {} of {} passed, the base {}: more than {max_drop} fewer",
-                        candidate_score.passed,
-                        set.prompts.len(),
-                        base_score.passed
-                    ));
-                }
+                reasons.extend(against(&base_score, "the base", max_drop));
             }
             sets.push(SetScore {
                 name: name.clone(),
@@ -413,6 +445,7 @@ impl Gate {
                 }
             }
             side.passed += usize::from(above && !below);
+            side.each.push(above && !below);
         }
         side
     }
@@ -436,5 +469,55 @@ impl Gate {
         let json = serde_json::to_vec_pretty(decision).map_err(|e| failed(e.to_string()))?;
         std::fs::write(dir.join("gate.json"), json).map_err(|e| failed(e.to_string()))?;
         Ok(dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_datapool_keeps_each_sets_counts_and_the_reasons() {
+        let side = |passed: usize| SideScore {
+            passed,
+            ..SideScore::default()
+        };
+        let decision = Decision {
+            tenant: TenantId::new("acme").expect("a tenant"),
+            version: 7,
+            live: Some(4),
+            promoted: false,
+            reasons: vec!["retention: 7 of 40 passed".to_owned()],
+            notes: Vec::new(),
+            sets: vec![SetScore {
+                name: "retention".to_owned(),
+                prompts: 40,
+                candidate: side(7),
+                live: side(24),
+                base: side(26),
+            }],
+            kl: 0.25,
+            generated: 80,
+            seconds: 12.5,
+        };
+        let record = decision.record();
+        assert_eq!(
+            (record.tenant.as_str(), record.version, record.live),
+            ("acme", 7, Some(4))
+        );
+        assert!(!record.promoted);
+        assert_eq!(record.reasons, decision.reasons);
+        assert_eq!(
+            record.sets,
+            vec![GateSetScore {
+                name: "retention".to_owned(),
+                prompts: 40,
+                candidate: 7,
+                live: 24,
+                base: 26,
+            }]
+        );
+        assert_eq!((record.kl, record.seconds), (0.25, 12.5));
+        assert_eq!(record.schema_version, SCHEMA_VERSION);
     }
 }

@@ -414,6 +414,13 @@ impl Loop<'_> {
                     }
                 };
                 self.metrics.record_gate(&decision);
+                // Kept for the operator (the viewer); not kept is reported, not fatal.
+                if let Err(e) = self
+                    .rt
+                    .block_on(self.store.record_gate_decision(&decision.record()))
+                {
+                    eprintln!("clawback-trainer: the gate's decision on {tenant}@v{version} was not kept in the datapool: {e}");
+                }
                 if !decision.promoted {
                     self.hold_back(&decision);
                     return;

@@ -52,6 +52,7 @@ fn gate_config(dir: &Path, prompts: PathBuf) -> GateSection {
             tenants: Vec::new(),
             max_drop: 1,
             max_drop_from_base: Some(1),
+            significance: None,
         }],
         max_new_tokens: 32,
         max_kl: None,
