@@ -9,7 +9,8 @@
 //! - `GET /trajectories/{id}?tenant=T`;
 //! - read-only views for the trajectory viewer ([`crate::control_plane::ui`]), in [`listing`]: `GET /tenants`
 //!   (with each tenant's live policy), `GET /trajectories?tenant=T&limit=N` (newest first),
-//!   `GET /tenants/{tenant}/rewards?limit=N` (rewards over time);
+//!   `GET /tenants/{tenant}/rewards?limit=N` (rewards over time), `GET /tenants/{tenant}/gate?limit=N`
+//!   (the trainer's gate decisions on the tenant's candidate versions, newest first);
 //! - an operator's rollback of a tenant's policy, in [`rollback`]: `POST /tenants/{tenant}/rollback`
 //!   `{to}` and `GET /tenants/{tenant}/rollback` (the global token only).
 //!
@@ -55,6 +56,9 @@ pub enum Route {
     Rewards(String),
     /// `GET /tenants/{tenant}/export`: a tenant's completed trajectories as training rows.
     Export(String),
+    /// `GET /tenants/{tenant}/gate`: what the trainer's gate decided about the tenant's
+    /// candidate versions, and why.
+    Gate(String),
     /// `POST /tenants/{tenant}/rollback`: an operator's order to make an earlier version live.
     Rollback(String),
     /// `GET /tenants/{tenant}/rollback`: the latest order and its outcome.
@@ -70,6 +74,7 @@ impl Route {
                 (&Method::GET, []) => Ok(Self::Tenants),
                 (&Method::GET, [tenant, "rewards"]) => Ok(Self::Rewards((*tenant).to_owned())),
                 (&Method::GET, [tenant, "export"]) => Ok(Self::Export((*tenant).to_owned())),
+                (&Method::GET, [tenant, "gate"]) => Ok(Self::Gate((*tenant).to_owned())),
                 (&Method::POST, [tenant, "rollback"]) => Ok(Self::Rollback((*tenant).to_owned())),
                 (&Method::GET, [tenant, "rollback"]) => {
                     Ok(Self::RollbackState((*tenant).to_owned()))
@@ -231,6 +236,7 @@ pub async fn handle(
             Route::Tenants => listing::tenants(control, scope).await,
             Route::Rewards(tenant) => listing::rewards(control, scope, &tenant, parts).await,
             Route::Export(tenant) => listing::export(control, scope, &tenant, parts).await,
+            Route::Gate(tenant) => listing::gate(control, scope, &tenant, parts).await,
             Route::Rollback(tenant) => {
                 rollback::order(control, scope, &tenant, parse(&body)?).await
             }
@@ -615,6 +621,10 @@ mod tests {
         assert_eq!(
             Route::classify(&Method::GET, "/tenants/acme/rewards"),
             Some(Ok(Route::Rewards("acme".to_owned())))
+        );
+        assert_eq!(
+            Route::classify(&Method::GET, "/tenants/acme/gate"),
+            Some(Ok(Route::Gate("acme".to_owned())))
         );
         assert_eq!(Route::classify(&Method::POST, "/tenants"), Some(Err(())));
         assert_eq!(

@@ -635,6 +635,7 @@ async fn a_tenant_token_sees_and_scores_only_its_own_tenant() {
         "/trajectories?tenant=bravo".to_owned(),
         "/tenants/bravo/rewards".to_owned(),
         "/tenants/bravo/export".to_owned(),
+        "/tenants/bravo/gate".to_owned(),
         "/admin/policies".to_owned(),
     ] {
         let (status, body) = admin_get(&sidecar, ALPHA_VIEWER, &path).await;

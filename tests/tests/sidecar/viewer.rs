@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawback_datapool::{
-    PolicyVersion, TenantId, Tokens, TrajectoryRecord, TrajectoryStatus, UnixMs, SCHEMA_VERSION,
+    GateDecision, GateSetScore, PolicyVersion, TenantId, Tokens, TrajectoryRecord,
+    TrajectoryStatus, UnixMs, SCHEMA_VERSION,
 };
 use clawback_tests::harness::{repo_root, scratch_dir, test_config, Sidecar};
 use clawback_tests::mock::MockUpstream;
@@ -22,6 +23,35 @@ use crate::support::{client, first_turn, poll, store, tool_result, tools};
 const ADMIN: &str = "viewer-admin-secret";
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const HINT: &str = "Ask which unit the user wants before calling get_weather.";
+/// Why the scene's trainer held version 5 back.
+const HELD_BACK: &str = "retention: 7 of 40 passed, the live version (v3) 24: more than 2 fewer";
+
+/// What the trainer's gate decided about one of the default tenant's candidates.
+fn gate_decision(version: u64, live: Option<u64>, candidate: u32) -> GateDecision {
+    let promoted = candidate >= 24;
+    GateDecision {
+        schema_version: SCHEMA_VERSION,
+        tenant: default_tenant(),
+        version,
+        live,
+        promoted,
+        reasons: if promoted {
+            Vec::new()
+        } else {
+            vec![HELD_BACK.to_owned()]
+        },
+        sets: vec![GateSetScore {
+            name: "retention".to_owned(),
+            prompts: 40,
+            candidate,
+            live: 24,
+            base: 26,
+        }],
+        kl: 0.0123,
+        seconds: 41.0,
+        decided_at: UnixMs::now(),
+    }
+}
 
 fn default_tenant() -> TenantId {
     TenantId::new("default").expect("valid tenant")
@@ -130,6 +160,13 @@ async fn scene() -> Scene {
         .set_policy_version(&policy)
         .await
         .expect("the policy is stored");
+    // The trainer's gate promoted version 3 and held 5 back.
+    for decision in [gate_decision(3, None, 25), gate_decision(5, Some(3), 7)] {
+        store(&sidecar)
+            .record_gate_decision(&decision)
+            .await
+            .expect("the gate decision is stored");
+    }
 
     let store = store(&sidecar);
     let record = poll("both evaluations stored", || {
@@ -235,8 +272,31 @@ async fn the_admin_api_lists_tenants_trajectories_and_rewards_for_the_viewer() {
     seen.sort_by_key(|(_, step)| *step);
     assert_eq!(seen, vec![(1.0, 0), (-0.5, 1)]);
 
+    // The gate's decisions on the tenant's candidates, newest first, with why one was held back.
+    let gate = admin_get(sidecar, "/tenants/default/gate").await;
+    let decisions: Vec<GateDecision> =
+        serde_json::from_value(gate["decisions"].clone()).expect("gate decisions");
+    let shown: Vec<(u64, bool, Vec<String>)> = decisions
+        .into_iter()
+        .map(|d| (d.version, d.promoted, d.reasons))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            (5, false, vec![HELD_BACK.to_owned()]),
+            (3, true, Vec::new())
+        ]
+    );
+    let newest = admin_get(sidecar, "/tenants/default/gate?limit=1").await;
+    assert_eq!(newest["decisions"].as_array().map(Vec::len), Some(1));
+
     // Every view needs the admin token, and a limit is a number within bounds.
-    for path in ["/tenants", "/trajectories", "/tenants/default/rewards"] {
+    for path in [
+        "/tenants",
+        "/trajectories",
+        "/tenants/default/rewards",
+        "/tenants/default/gate",
+    ] {
         let refused = client()
             .get(sidecar.url(path))
             .send()
@@ -431,6 +491,17 @@ async fn the_viewer_shows_a_recorded_trajectory_in_headless_chromium() {
         "{dom}"
     );
     assert!(dom.contains("data-list-reward=\"0.25\""), "{dom}");
+    // The gate's decisions: version 5 held back and why, version 3 promoted.
+    assert!(
+        dom.contains("<tr class=\"held-back\" data-gate-version=\"5\">"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("<tr class=\"promoted\" data-gate-version=\"3\">"),
+        "{dom}"
+    );
+    assert!(dom.contains(HELD_BACK), "{dom}");
+    assert!(dom.contains("retention 7/40 (live 24, base 26)"), "{dom}");
 
     // One shaded span per completion token, and a less likely token is shaded darker.
     let logprobs: usize = scene

@@ -1,6 +1,7 @@
 //! The read-only views the trajectory viewer ([`crate::control_plane::ui`]) polls: every tenant with its live
-//! policy, a tenant's newest trajectories, and its rewards over time; and a tenant's export as
-//! training rows. A tenant token sees its own tenant only.
+//! policy, a tenant's newest trajectories, its rewards over time, and the trainer's gate decisions
+//! on its candidate versions; and a tenant's export as training rows. A tenant token sees its own
+//! tenant only.
 //!
 //! The stores list trajectories oldest first, so "newest" is found by paging through at most
 //! [`MAX_SCANNED`] headers and keeping the tail; a tenant with more says so (`"complete": false`)
@@ -14,6 +15,7 @@ use futures_util::StreamExt;
 
 use clawback_datapool::{
     EvaluationSource, Store, TenantId, Trajectory, TrajectoryId, TrajectoryRecord, UnixMs, Verdict,
+    GATE_DECISIONS_KEPT,
 };
 use http::{request, Response, StatusCode};
 use serde::Serialize;
@@ -278,6 +280,33 @@ pub(super) async fn rewards(
         "tenant": tenant.as_str(),
         "trajectories": headers.len(),
         "points": points,
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// Gate decisions listed when the caller gives no `limit` (the datapool keeps at most
+/// `GATE_DECISIONS_KEPT`).
+const GATE_DEFAULT: usize = 20;
+
+/// `GET /tenants/{tenant}/gate?limit=N`: what the trainer's gate decided about the tenant's
+/// newest candidate versions, newest first: promoted or held back, why, each prompt set's counts
+/// against the live version and the base, and the KL to the base.
+pub(super) async fn gate(
+    control: &Handles,
+    scope: &Scope,
+    raw_tenant: &str,
+    parts: &request::Parts,
+) -> Result<Response<ProxyBody>, HandshakeError> {
+    let recorder = control
+        .recorder
+        .as_ref()
+        .ok_or(HandshakeError::RecordingOff)?;
+    let tenant = named_tenant(control, scope, Some(raw_tenant.to_owned()))?;
+    let keep = limit(parts, GATE_DEFAULT, GATE_DECISIONS_KEPT)?;
+    let decisions = recorder.store().gate_decisions(&tenant, keep).await?;
+    let body = json!({
+        "tenant": tenant.as_str(),
+        "decisions": decisions,
     });
     Ok(json_response(StatusCode::OK, &body))
 }

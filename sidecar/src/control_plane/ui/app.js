@@ -19,7 +19,7 @@ const state = {
   again: false,
   // The last JSON each view was drawn from: a poll that changed nothing redraws nothing, so an
   // open <details> or a scroll position survives.
-  drawn: { tenants: '', list: '', rewards: '', trajectory: '' },
+  drawn: { tenants: '', list: '', rewards: '', gate: '', trajectory: '' },
 };
 
 class AuthError extends Error {}
@@ -267,6 +267,44 @@ function drawRewards(rewards) {
   box.replaceChildren(chart);
 }
 
+/** What the trainer's gate decided about the tenant's candidate versions, newest first. */
+function drawGate(gate) {
+  const box = $('gate');
+  const decisions = gate.decisions;
+  const held = decisions.filter((d) => !d.promoted).length;
+  $('gate-note').textContent = decisions.length
+    ? `(the newest ${decisions.length}: ${decisions.length - held} promoted, ${held} held back)`
+    : '';
+  if (decisions.length === 0) {
+    box.replaceChildren(el('p', {
+      class: 'muted',
+      text: "no gate decisions: the trainer's [gate] is off, or it has not judged a candidate yet",
+    }));
+    return;
+  }
+  const rows = decisions.map((d) => el(
+    'tr',
+    { class: d.promoted ? 'promoted' : 'held-back', 'data-gate-version': d.version },
+    el('td', { text: 'v' + d.version }),
+    el('td', { text: d.promoted ? 'promoted' : 'held back' }),
+    el('td', { text: d.live === null || d.live === undefined ? 'the base' : 'v' + d.live }),
+    el('td', {}, d.sets.map((s) => el('div', {
+      text: `${s.name} ${s.candidate}/${s.prompts} (live ${s.live}, base ${s.base})`,
+    }))),
+    el('td', { text: d.kl.toFixed(4) }),
+    el('td', { text: d.seconds.toFixed(0) + ' s' }),
+    el('td', { text: time(d.decided_at) }),
+    el('td', { class: 'reasons' }, d.reasons.map((r) => el('div', { text: r }))),
+  ));
+  box.replaceChildren(el(
+    'table',
+    { class: 'gate', id: 'gate-table' },
+    el('thead', {}, el('tr', {}, ['version', 'decision', 'against', 'prompts passed', 'KL to base',
+      'took', 'when', 'why held back'].map((h) => el('th', { text: h })))),
+    el('tbody', {}, rows),
+  ));
+}
+
 /** The text of an OpenAI message's `content`: a string, or the text of its parts. */
 function contentText(content) {
   if (content === null || content === undefined) return '';
@@ -493,15 +531,17 @@ async function refresh() {
       // A search reads up to 2,000 records on the server: it runs once per query (and on Enter),
       // not on every poll.
       const searched = state.query && state.lastSearch && state.lastSearch.key === state.tenant + '\n' + state.query;
-      const [list, rewards] = await Promise.all([
+      const [list, rewards, gate] = await Promise.all([
         searched
           ? state.lastSearch.list
           : api(`/trajectories?tenant=${q}&limit=100` + (state.query ? `&q=${encodeURIComponent(state.query)}` : '')),
         api(`/tenants/${q}/rewards?limit=50`),
+        api(`/tenants/${q}/gate?limit=20`),
       ]);
       state.lastSearch = state.query ? { key: state.tenant + '\n' + state.query, list } : null;
       redraw('list', { list, selected: state.trajectory }, (d) => drawList(d.list));
       redraw('rewards', rewards, drawRewards);
+      redraw('gate', gate, drawGate);
       if (state.trajectory) {
         const record = await api(`/trajectories/${encodeURIComponent(state.trajectory)}?tenant=${q}`);
         redraw('trajectory', record, drawTrajectory);
@@ -575,7 +615,7 @@ function start() {
   });
   window.addEventListener('hashchange', () => {
     readLocation();
-    state.drawn = { tenants: '', list: '', rewards: '', trajectory: '' };
+    state.drawn = { tenants: '', list: '', rewards: '', gate: '', trajectory: '' };
     if (!state.trajectory) {
       $('trajectory').replaceChildren(el('p', { class: 'muted', text: 'Pick a trajectory on the left.' }));
     }
