@@ -96,6 +96,11 @@ struct Cli {
     /// personal: the k3 KL term to the base in the trainer's loss.
     #[arg(long, default_value_t = personal::KL_COEF)]
     kl_coef: f64,
+    /// personal: whether the simulated users notice a reply that gives their question back and
+    /// correct it, as a person would; `off` thanks any reply of the preferred form, whatever it
+    /// says (the users of the run that lost the answers, issue 48).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    users_notice: Switch,
     /// feedback, personal: users (sessions) per tenant and round.
     #[arg(long, default_value_t = 4)]
     sessions: u32,
@@ -308,6 +313,7 @@ fn main() -> Result<()> {
                 keeping: Some(Keeping {
                     gate: cli.gate == Switch::On,
                     kl_coef: cli.kl_coef,
+                    users_notice: cli.users_notice == Switch::On,
                 }),
             })?;
         }

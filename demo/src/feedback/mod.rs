@@ -121,6 +121,9 @@ pub struct Keeping {
     pub gate: bool,
     /// The k3 KL term to the base in the trainer's loss.
     pub kl_coef: f64,
+    /// Whether the users correct a reply that gives their question back (else they judge its
+    /// form alone).
+    pub users_notice: bool,
 }
 
 /// Runs every arm and returns the summary (also written to `summary.json`, with the chart
@@ -364,8 +367,12 @@ fn run_arm(
             .await;
             teacher.push(point);
         }
-        // The users tell a reply that gives their question back, as the answers probes do.
-        let restates = checks.as_ref().map(retention::Checks::restates);
+        // The users tell a reply that gives their question back, as the answers probes do
+        // (unless the run asks for users who judge the form alone).
+        let restates = checks
+            .as_ref()
+            .filter(|_| options.keeping.is_some_and(|k| k.users_notice))
+            .map(retention::Checks::restates);
         let outcome = workload::drive(&plan, restates, &mut stack.trainer).await?;
         let kept_after = kept("after").await;
         let mut recorded = Vec::new();

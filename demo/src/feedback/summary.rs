@@ -279,9 +279,10 @@ impl Summary {
         for arm in &self.arms {
             let keeping = arm.keeping.map_or(String::new(), |k| {
                 format!(
-                    ", gate {}, kl_coef {}",
+                    ", gate {}, kl_coef {}, users notice a restated question: {}",
                     if k.gate { "on" } else { "off" },
-                    k.kl_coef
+                    k.kl_coef,
+                    if k.users_notice { "yes" } else { "no" }
                 )
             });
             out.push_str(&format!(
