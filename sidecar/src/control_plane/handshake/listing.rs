@@ -254,6 +254,20 @@ fn reward_points(record: &TrajectoryRecord) -> impl Iterator<Item = RewardPoint>
     })
 }
 
+/// The recorder's store and the tenant named in the path, as far as the caller's scope reaches.
+fn tenant_store<'a>(
+    control: &'a Handles,
+    scope: &Scope,
+    raw_tenant: &str,
+) -> Result<(&'a dyn Store, TenantId), HandshakeError> {
+    let recorder = control
+        .recorder
+        .as_ref()
+        .ok_or(HandshakeError::RecordingOff)?;
+    let tenant = named_tenant(control, scope, Some(raw_tenant.to_owned()))?;
+    Ok((recorder.store().as_ref(), tenant))
+}
+
 /// `GET /tenants/{tenant}/rewards?limit=N`: the rewards of the tenant's newest `N`
 /// trajectories, oldest first.
 pub(super) async fn rewards(
@@ -262,16 +276,12 @@ pub(super) async fn rewards(
     raw_tenant: &str,
     parts: &request::Parts,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
-    let recorder = control
-        .recorder
-        .as_ref()
-        .ok_or(HandshakeError::RecordingOff)?;
-    let tenant = named_tenant(control, scope, Some(raw_tenant.to_owned()))?;
+    let (store, tenant) = tenant_store(control, scope, raw_tenant)?;
     let keep = limit(parts, REWARDS_DEFAULT, REWARDS_MAX)?;
-    let (headers, _) = newest(recorder.store().as_ref(), &tenant, keep).await?;
+    let (headers, _) = newest(store, &tenant, keep).await?;
     let mut points = Vec::new();
     for header in &headers {
-        if let Some(record) = recorder.store().trajectory(&tenant, &header.id).await? {
+        if let Some(record) = store.trajectory(&tenant, &header.id).await? {
             points.extend(reward_points(&record));
         }
     }
@@ -297,13 +307,9 @@ pub(super) async fn gate(
     raw_tenant: &str,
     parts: &request::Parts,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
-    let recorder = control
-        .recorder
-        .as_ref()
-        .ok_or(HandshakeError::RecordingOff)?;
-    let tenant = named_tenant(control, scope, Some(raw_tenant.to_owned()))?;
+    let (store, tenant) = tenant_store(control, scope, raw_tenant)?;
     let keep = limit(parts, GATE_DEFAULT, GATE_DECISIONS_KEPT)?;
-    let decisions = recorder.store().gate_decisions(&tenant, keep).await?;
+    let decisions = store.gate_decisions(&tenant, keep).await?;
     let body = json!({
         "tenant": tenant.as_str(),
         "decisions": decisions,
@@ -323,11 +329,7 @@ pub(super) async fn export(
     raw_tenant: &str,
     parts: &request::Parts,
 ) -> Result<Response<ProxyBody>, HandshakeError> {
-    let recorder = control
-        .recorder
-        .as_ref()
-        .ok_or(HandshakeError::RecordingOff)?;
-    let tenant = named_tenant(control, scope, Some(raw_tenant.to_owned()))?;
+    let (store, tenant) = tenant_store(control, scope, raw_tenant)?;
     let since = query_param(parts, "since")
         .map(|raw| crate::control_plane::export::parse_since(&raw).map_err(HandshakeError::BadBody))
         .transpose()?;
@@ -338,10 +340,9 @@ pub(super) async fn export(
         since,
         limit: Some(limit(parts, EXPORT_DEFAULT, EXPORT_MAX)?),
     };
-    let (rows, summary) =
-        crate::control_plane::export::to_jsonl(recorder.store().as_ref(), &options)
-            .await
-            .map_err(|e| HandshakeError::Export(e.to_string()))?;
+    let (rows, summary) = crate::control_plane::export::to_jsonl(store, &options)
+        .await
+        .map_err(|e| HandshakeError::Export(e.to_string()))?;
     let mut response = Response::new(ProxyBody::full(rows));
     let headers = response.headers_mut();
     headers.insert(
