@@ -24,8 +24,14 @@ const PIECES: &[&str] = &[
     "text_offset",
 ];
 
-/// Keys the last event of a run decides: why it ended, and its place in the stream.
-const LAST: &[&str] = &["finish_reason", "stop_reason", "sequence_number"];
+/// Keys the last event of a run decides: why it ended, its place in the stream, and what vLLM
+/// adds to a stream's last chunk only (`system_fingerprint`).
+const LAST: &[&str] = &[
+    "finish_reason",
+    "stop_reason",
+    "sequence_number",
+    "system_fingerprint",
+];
 
 /// Keys two answers to one request differ in whatever the cut: their ids and creation times,
 /// and each event's place in the stream (merged runs count differently).
@@ -73,23 +79,20 @@ pub fn merged(events: &[String]) -> Vec<Event> {
     out
 }
 
-/// `value` with its pieces emptied and what the last event decides taken out: two events of one
-/// kind have the same shape.
+/// `value` with its pieces and what the last event decides taken out: two events of one kind
+/// have the same shape. A piece is left out, not emptied: vLLM sends a token that completes no
+/// character yet as a chunk with logprobs and an empty `delta` (`{}`), and the same token cut
+/// together with the next as one chunk with `content`.
 fn shape(value: &Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
             map.iter()
-                .filter(|(key, _)| !LAST.contains(&key.as_str()))
-                .map(|(key, value)| {
-                    let shaped = match value {
-                        Value::String(_) if PIECES.contains(&key.as_str()) => {
-                            Value::String(String::new())
-                        }
-                        Value::Array(_) if PIECES.contains(&key.as_str()) => Value::Array(vec![]),
-                        other => shape(other),
-                    };
-                    (key.clone(), shaped)
+                .filter(|(key, value)| {
+                    let piece = PIECES.contains(&key.as_str())
+                        && matches!(value, Value::String(_) | Value::Array(_));
+                    !piece && !LAST.contains(&key.as_str())
                 })
+                .map(|(key, value)| (key.clone(), shape(value)))
                 .collect::<Map<_, _>>(),
         ),
         Value::Array(items) => Value::Array(items.iter().map(shape).collect()),
@@ -157,6 +160,47 @@ mod tests {
         let fine = [delta("a", 4), delta("b", 5), delta("\t", 6), done.clone()];
         let coarse = [delta("a", 4), delta("b\t", 5), done];
         assert_eq!(merged(&fine), merged(&coarse));
+    }
+
+    /// Two cuts of one streamed answer with logprobs, as vLLM sent them directly and through the
+    /// sidecar in a CI run (2026-12-08): a token that completes no character is a chunk of its
+    /// own (`delta: {}`) or rides with the next, and the last chunk alone has
+    /// `system_fingerprint`.
+    #[test]
+    fn a_token_without_text_and_the_last_chunk_merge_however_cut() {
+        let chunk = |delta: &str, tokens: &[&str], last: bool| {
+            let logprobs: Vec<String> = tokens
+                .iter()
+                .map(|t| format!("{{\"token\":\"{t}\",\"logprob\":-1.0}}"))
+                .collect();
+            let end = if last {
+                "\"finish_reason\":\"length\",\"stop_reason\":null}],\"system_fingerprint\":\"v\"}"
+            } else {
+                "\"finish_reason\":null}]}"
+            };
+            format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{delta},\
+                 \"logprobs\":{{\"content\":[{}]}},{end}",
+                logprobs.join(",")
+            )
+        };
+        let direct = [
+            chunk("{}", &[""], false),
+            chunk("{\"content\":\"d\"}", &["d"], false),
+            chunk("{\"content\":\"8/\"}", &["8", "/"], false),
+            chunk("{\"content\":\"^\"}", &["^"], true),
+        ];
+        let through = [
+            chunk("{\"content\":\"d\"}", &["", "d"], false),
+            chunk("{\"content\":\"8/^\"}", &["8", "/", "^"], true),
+        ];
+        assert_eq!(merged(&direct), merged(&through));
+        // A token the sidecar dropped still differs.
+        let dropped = [
+            chunk("{\"content\":\"d\"}", &["d"], false),
+            chunk("{\"content\":\"8/^\"}", &["8", "/", "^"], true),
+        ];
+        assert_ne!(merged(&direct), merged(&dropped));
     }
 
     #[test]
