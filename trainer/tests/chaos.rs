@@ -682,13 +682,23 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
     let store = RedisStore::connect(&RedisConfig::single(redis.url()))
         .await
         .expect("redis");
+    // Settled: no trajectory open and no group waiting (a group whose last member was
+    // completed by another replica's sweep is released by the group timeout's sweep after it).
+    let tenant = TenantId::new("default").expect("tenant");
     let deadline = Instant::now() + Duration::from_secs(90);
     let records = loop {
         let records = everything(&store).await;
-        let open = records
+        let mut open = records
             .iter()
             .filter(|r| r.trajectory.status == TrajectoryStatus::Open)
             .count();
+        for group in records.iter().filter_map(|r| r.trajectory.group.as_ref()) {
+            let state = store.group(&tenant, &group.id).await.ok().flatten();
+            open += usize::from(matches!(
+                state.map(|g| g.state),
+                Some(GroupState::Open) | None
+            ));
+        }
         if open == 0 || Instant::now() >= deadline {
             break records;
         }
@@ -786,7 +796,6 @@ async fn served_calls_survive_kills_of_every_part_recorded_once_and_trained_at_m
         }
     }
     // 3. Everything completed; no group waits.
-    let tenant = TenantId::new("default").expect("tenant");
     for record in &records {
         if record.trajectory.status == TrajectoryStatus::Open {
             problems.push(format!(
